@@ -1,0 +1,272 @@
+/*
+ * The daemon: mount, serve, apply the change stream, unmount.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sbx/fs.h"
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+#include "fs_ctl.h"
+#include "fs_i.h"
+
+/*
+ * Kernel cache timeouts (docs/design.md, "Local cache rule").  With a live
+ * change stream every change is invalidated explicitly, so the timeout is
+ * only a bound on the damage of a lost event.  Without one, changes made
+ * behind our back show up within FS_TIMEOUT_BLIND seconds.
+ */
+#define FS_TIMEOUT_WATCHED 600.0
+#define FS_TIMEOUT_BLIND 1.0
+
+struct sbx_sandbox *fs_sandbox(struct fs *fs)
+{
+	return fs->sb;
+}
+
+const char *fs_session(struct fs *fs)
+{
+	return fs->session;
+}
+
+const char *fs_mountpoint(struct fs *fs)
+{
+	return fs->mountpoint;
+}
+
+static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
+			  const char *name)
+{
+	if (parent && name)
+		fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
+						 strlen(name));
+	fuse_lowlevel_notify_inval_inode(fs->se, ino, 0, 0);
+}
+
+/* Forget every cached entry, attribute and page (events were lost). */
+static void invalidate_everything(struct fs *fs)
+{
+	fs_inode_foreach(fs, inval_all_one);
+}
+
+void fs_apply_change(const struct sbx_change *c, void *payload)
+{
+	struct fs *fs = payload;
+	fuse_ino_t parent, ino;
+
+	switch (c->kind) {
+	case SBX_CHANGE_ENTRY:
+		parent = fs_inode_find(fs, c->dir_dev, c->dir_ino);
+		if (!parent)
+			return; /* the kernel caches nothing of that dir */
+		/* Drops the dentry (positive or negative)... */
+		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
+						 strlen(c->name));
+		/* ...and the directory's attributes and cached listing. */
+		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
+		break;
+	case SBX_CHANGE_DATA:
+	case SBX_CHANGE_ATTR:
+		ino = fs_inode_find(fs, c->dev, c->ino);
+		if (!ino)
+			return;
+		struct fs_inode *in = fs_inode_get(fs, ino);
+		bool data = c->kind == SBX_CHANGE_DATA;
+
+		/*
+		 * While the file is open for writing through the mount, its
+		 * pages are the writer's own (write-through): keep them and
+		 * refresh attributes only.  Concurrent writes from both sides
+		 * of the mount are as undefined here as on NFS.
+		 */
+		pthread_mutex_lock(&fs->lock);
+		if (in->writers)
+			data = false;
+		pthread_mutex_unlock(&fs->lock);
+		fuse_lowlevel_notify_inval_inode(fs->se, ino, data ? 0 : -1, 0);
+		break;
+	case SBX_CHANGE_OVERFLOW:
+		sbx_info("change stream overflowed: invalidating all caches");
+		invalidate_everything(fs);
+		break;
+	}
+}
+
+int fs_barrier_before(struct fs *fs)
+{
+	int fd, rc = 0;
+
+	/*
+	 * Writes through the mount are write-through, except dirty pages of
+	 * shared writable mappings: syncfs() makes the kernel write them back
+	 * (as WRITE requests our workers serve) before the command starts.
+	 */
+	fd = open(fs->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return sbx_error_os("exec barrier: open %s", fs->mountpoint);
+	if (syncfs(fd) < 0)
+		rc = sbx_error_os("exec barrier: syncfs %s", fs->mountpoint);
+	close(fd);
+	return rc;
+}
+
+int fs_barrier_after(struct fs *fs)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&fs->barrier_lock);
+	if (fs->watching)
+		rc = fs->sb->ops->watch_sync(fs->sb);
+	else
+		invalidate_everything(fs);
+	pthread_mutex_unlock(&fs->barrier_lock);
+	return rc;
+}
+
+static void notify_ready(int fd)
+{
+	char ok = 0;
+
+	if (fd < 0)
+		return;
+	if (write(fd, &ok, 1) < 0)
+		sbx_warn("could not signal readiness: %s", strerror(errno));
+	close(fd);
+}
+
+static int start_watch(struct fs *fs)
+{
+	int rc;
+
+	fs->watching = false;
+	fs->timeout = FS_TIMEOUT_BLIND;
+	if (!fs->sb->ops->watch_start)
+		return 0;
+	rc = fs->sb->ops->watch_start(fs->sb, fs_apply_change, fs);
+	if (rc < 0) {
+		/* Still correct, only slower: short timeouts. */
+		sbx_warn("no change stream (%s); caching for %.0f s only",
+			 sbx_error_last()->msg, FS_TIMEOUT_BLIND);
+		sbx_error_clear();
+		return 0;
+	}
+	fs->watching = true;
+	fs->timeout = FS_TIMEOUT_WATCHED;
+	return 0;
+}
+
+int fs_daemon_run(const struct fs_options *o)
+{
+	struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
+	struct fuse_loop_config *loop = NULL;
+	struct fs fs;
+	struct stat st;
+	char *opts = NULL;
+	bool mounted = false, handlers = false;
+	int rc;
+
+	memset(&fs, 0, sizeof(fs));
+	fs.sb = o->sandbox;
+	fs.session = o->session;
+	fs.mountpoint = o->mountpoint;
+	if (o->control_socket)
+		fs.control_socket = sbx_xstrdup(o->control_socket);
+	pthread_mutex_init(&fs.lock, NULL);
+	pthread_mutex_init(&fs.barrier_lock, NULL);
+	fs_inodes_init(&fs);
+
+	fs.root.node = fs.sb->ops->root(fs.sb);
+	rc = fs.sb->ops->getattr(fs.sb, fs.root.node, NULL, &st);
+	if (rc < 0) {
+		rc = sbx_error_prefix(rc, "sandbox root of session %s",
+				      o->session);
+		goto out;
+	}
+	fs.root.dev = st.st_dev;
+	fs.root.ino = st.st_ino;
+	fs.root.nlookup = 2;
+	fs.zero_open = fs.sb->ops->file_fd != NULL;
+
+	/* Modes from the kernel are already masked by the caller's umask. */
+	umask(0);
+
+	opts = sbx_xasprintf("fsname=sbx:%s,subtype=sbx,default_permissions",
+			     o->session);
+	if (fuse_opt_add_arg(&args, "sbx") != 0 ||
+	    fuse_opt_add_arg(&args, "-o") != 0 ||
+	    fuse_opt_add_arg(&args, opts) != 0 ||
+	    (o->debug && fuse_opt_add_arg(&args, "-d") != 0)) {
+		rc = sbx_error_set(SBX_ERR_INTERNAL, -ENOMEM,
+				   "cannot build FUSE arguments");
+		goto out;
+	}
+	fs.se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), &fs);
+	if (!fs.se) {
+		rc = sbx_error_set(SBX_ERR_OS, -EIO,
+				   "cannot create the FUSE session (is "
+				   "/dev/fuse available?)");
+		goto out;
+	}
+	if (fuse_set_signal_handlers(fs.se) != 0) {
+		rc = sbx_error_set(SBX_ERR_OS, -EIO,
+				   "cannot install signal handlers");
+		goto out;
+	}
+	handlers = true;
+	if (fuse_session_mount(fs.se, o->mountpoint) != 0) {
+		rc = sbx_error_set(SBX_ERR_OS, -EIO,
+				   "cannot mount %s (see the log above; is it "
+				   "an existing directory, and is /dev/fuse "
+				   "usable?)", o->mountpoint);
+		goto out;
+	}
+	mounted = true;
+
+	rc = start_watch(&fs);
+	if (rc < 0)
+		goto out;
+	if (o->control_socket) {
+		rc = fs_ctl_start(&fs, o->control_socket, &fs.ctl);
+		if (rc < 0)
+			goto out;
+	}
+	sbx_info("serving session %s at %s (%s caching)", o->session,
+		 o->mountpoint, fs.watching ? "change-stream" : "short-timeout");
+	notify_ready(o->ready_fd);
+
+	loop = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_clone_fd(loop, 1);
+	fuse_loop_cfg_set_max_threads(loop, o->max_threads ? o->max_threads
+							   : 16);
+	fuse_loop_cfg_set_idle_threads(loop, 4);
+	rc = fuse_session_loop_mt(fs.se, loop);
+	if (rc != 0)
+		sbx_warn("FUSE loop ended with %d", rc);
+	rc = 0;
+
+out:
+	fuse_loop_cfg_destroy(loop);
+	fs_ctl_stop(fs.ctl);
+	if (fs.watching)
+		fs.sb->ops->watch_stop(fs.sb);
+	if (mounted)
+		fuse_session_unmount(fs.se);
+	if (handlers)
+		fuse_remove_signal_handlers(fs.se);
+	if (fs.se)
+		fuse_session_destroy(fs.se);
+	fuse_opt_free_args(&args);
+	free(opts);
+	fs_inodes_fini(&fs);
+	free(fs.control_socket);
+	pthread_mutex_destroy(&fs.lock);
+	pthread_mutex_destroy(&fs.barrier_lock);
+	return rc;
+}

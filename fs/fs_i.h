@@ -1,0 +1,122 @@
+/*
+ * FUSE daemon internals.
+ *
+ * Inodes.  Every kernel inode is a `struct fs_inode` whose address is the
+ * FUSE node id (passthrough_ll), except the root, which is FUSE_ROOT_ID.  An
+ * inode holds one provider node reference and lives as long as the kernel's
+ * lookup count: it is created by a reply that returns an entry (lookup,
+ * create, mkdir, mknod, symlink, link, readdirplus) and freed in forget.
+ * Inodes are keyed by the provider's (st_dev, st_ino), so hard links and
+ * repeated lookups share one kernel inode.
+ *
+ * Locking.  fs->lock protects the inode table and every inode's `nlookup`,
+ * `parent`/`name` and `writers`.  It is never held across a provider call
+ * or a fuse_lowlevel_notify_* call (the kernel may need a worker thread to
+ * answer a request before a notification returns).
+ *
+ * Cache rule (docs/design.md): while the provider's change stream is live,
+ * entries and attributes are cached by the kernel for `timeout` seconds
+ * (long) and page/readdir caches are kept across opens; every change the
+ * stream reports is invalidated with fuse_lowlevel_notify_inval_*.  Without
+ * a change stream, timeouts are short and page caches are dropped on open.
+ */
+#ifndef FS_I_H
+#define FS_I_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <fuse_lowlevel.h>
+
+#include "sbx/provider.h"
+
+struct fs_ctl;
+
+struct fs_inode {
+	struct sbx_node *node; /* provider reference, owned */
+	dev_t dev;
+	ino_t ino;
+	uint64_t nlookup;      /* protected by fs->lock */
+	unsigned writers;      /* opens for writing; protected by fs->lock */
+	/*
+	 * Zero-message opens (fs->zero_open): files shared by every kernel
+	 * open of this inode, opened on first use and released in forget.
+	 * Set once under fs->lock, then read without it.
+	 */
+	struct sbx_file *io_ro;
+	struct sbx_file *io_rw;
+	fuse_ino_t parent;     /* last known parent; protected by fs->lock */
+	char *name;            /* last known name; protected by fs->lock */
+	struct fs_inode *hnext; /* hash chain */
+};
+
+struct fs {
+	struct fuse_session *se;
+	struct sbx_sandbox *sb;
+	const char *session;
+	const char *mountpoint;
+	char *control_socket;
+
+	pthread_mutex_t lock;
+	struct fs_inode root;
+	struct fs_inode **table; /* hash by (dev, ino) */
+	size_t table_size;
+	size_t count;
+
+	bool watching;          /* change stream live */
+	/*
+	 * The provider gives descriptors (file_fd): the kernel is told that
+	 * open/opendir/flush are not implemented, so opening and closing a
+	 * file costs no request at all, and I/O goes to per-inode files.
+	 */
+	bool zero_open;
+	double timeout;         /* entry/attr timeout in seconds */
+	pthread_mutex_t barrier_lock;
+
+	struct fs_ctl *ctl;
+};
+
+extern const struct fuse_lowlevel_ops fs_ops;
+
+/* --- inode.c ------------------------------------------------------------- */
+void fs_inodes_init(struct fs *fs);
+void fs_inodes_fini(struct fs *fs);
+
+/* The inode for a FUSE node id (never NULL for ids the kernel holds). */
+struct fs_inode *fs_inode_get(struct fs *fs, fuse_ino_t ino);
+fuse_ino_t fs_inode_id(struct fs *fs, struct fs_inode *inode);
+
+/*
+ * Register a lookup reply: take ownership of `node` (attributes `st`) found
+ * as `name` in `parent`.  Returns the inode whose nlookup was raised; if an
+ * inode for (st_dev, st_ino) already existed, `node` is forgotten through
+ * the provider and the existing inode is returned.
+ */
+struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
+				   const char *name, struct sbx_node *node,
+				   const struct stat *st);
+
+/* Drop `n` lookups; frees the inode (and forgets its node) at zero. */
+void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n);
+
+/* Find a live inode by provider identity; 0 when the kernel has none. */
+fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino);
+
+/* Count writers (opens for writing) of an inode. */
+void fs_inode_writers(struct fs *fs, struct fs_inode *inode, int delta);
+
+/*
+ * Call fn for every live inode with its last known (parent, name); used on
+ * overflow.  Runs fn without fs->lock held on a snapshot of the table.
+ */
+void fs_inode_foreach(struct fs *fs,
+		      void (*fn)(struct fs *fs, fuse_ino_t ino,
+				 fuse_ino_t parent, const char *name));
+
+/* --- fs.c ---------------------------------------------------------------- */
+/* Apply one change from the provider's stream to the kernel caches. */
+void fs_apply_change(const struct sbx_change *c, void *payload);
+
+#endif

@@ -1,0 +1,1024 @@
+/*
+ * The fuse_lowlevel_ops table: every request goes to the provider table.
+ *
+ * Each handler replies exactly once.  Errors from the provider are negative
+ * errnos; the FUSE boundary takes them positive.  Only this layer logs a
+ * failure (at debug level: ENOENT and friends are normal traffic).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+#include "fs_i.h"
+
+/* Per-open state in fi->fh. */
+struct fs_file {
+	struct sbx_file *fh;
+	struct fs_inode *inode;
+	bool writer;
+};
+
+/* The virtual, read-only extended attributes of every path. */
+#define XATTR_SESSION "user.sbx.session"
+#define XATTR_PATH "user.sbx.path"
+#define XATTR_CONTROL "user.sbx.control"
+
+static struct fs *fs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static struct sbx_node *node_of(struct fs *fs, fuse_ino_t ino)
+{
+	return fs_inode_get(fs, ino)->node;
+}
+
+static struct fs_file *file_of(struct fuse_file_info *fi)
+{
+	return fi ? (struct fs_file *)(uintptr_t)fi->fh : NULL;
+}
+
+static struct sbx_file *pfile_of(struct fuse_file_info *fi)
+{
+	struct fs_file *f = file_of(fi);
+
+	return f ? f->fh : NULL;
+}
+
+/*
+ * The provider file for I/O on `ino`: the per-open file when the kernel
+ * sent an open, else (zero-message opens) the inode's shared file, opened
+ * on first use for reading and writing (or reading only when writing is
+ * not allowed and not asked for).
+ */
+static int io_file(struct fs *fs, fuse_ino_t ino, struct fuse_file_info *fi,
+		   bool write, struct sbx_file **out)
+{
+	struct fs_inode *in = fs_inode_get(fs, ino);
+	struct sbx_open_result res;
+	struct sbx_file *have;
+	int rc;
+
+	*out = pfile_of(fi);
+	if (*out)
+		return 0;
+	have = __atomic_load_n(&in->io_rw, __ATOMIC_ACQUIRE);
+	if (!have && !write)
+		have = __atomic_load_n(&in->io_ro, __ATOMIC_ACQUIRE);
+	if (have) {
+		*out = have;
+		return 0;
+	}
+	memset(&res, 0, sizeof(res));
+	rc = fs->sb->ops->open(fs->sb, in->node, O_RDWR, &res);
+	if ((rc == -EACCES || rc == -EPERM || rc == -EROFS ||
+	     rc == -ETXTBSY) && !write) {
+		sbx_error_clear();
+		rc = fs->sb->ops->open(fs->sb, in->node, O_RDONLY, &res);
+		if (rc < 0)
+			return rc;
+		pthread_mutex_lock(&fs->lock);
+		if (!in->io_ro) {
+			__atomic_store_n(&in->io_ro, res.fh, __ATOMIC_RELEASE);
+			res.fh = NULL;
+		}
+		*out = in->io_ro;
+		pthread_mutex_unlock(&fs->lock);
+	} else if (rc < 0) {
+		return rc;
+	} else {
+		pthread_mutex_lock(&fs->lock);
+		if (!in->io_rw) {
+			__atomic_store_n(&in->io_rw, res.fh, __ATOMIC_RELEASE);
+			res.fh = NULL;
+		}
+		*out = in->io_rw;
+		pthread_mutex_unlock(&fs->lock);
+	}
+	/* Another thread won the race: ours is surplus. */
+	if (res.fh)
+		(void)fs->sb->ops->release(fs->sb, res.fh);
+	return 0;
+}
+
+static void reply_err(fuse_req_t req, const char *op, int rc)
+{
+	if (rc >= 0)
+		rc = -EIO;
+	if (sbx_log_enabled(SBX_LOG_DEBUG)) {
+		const struct sbx_error *e = sbx_error_last();
+
+		sbx_debug("%s: %s (%s)", op, strerror(-rc),
+			  e->klass ? e->msg : "no detail");
+	} else if (rc == -EIO || rc == -ETIMEDOUT) {
+		sbx_warn("%s: %s: %s", op, strerror(-rc), sbx_error_last()->msg);
+	}
+	sbx_error_clear();
+	fuse_reply_err(req, -rc);
+}
+
+/* Fill and send an entry reply for a node the provider just handed us. */
+static void reply_entry(fuse_req_t req, struct fs *fs, fuse_ino_t parent,
+			const char *name, struct sbx_node *node,
+			const struct stat *st)
+{
+	struct fuse_entry_param e;
+	struct fs_inode *in = fs_inode_remember(fs, parent, name, node, st);
+
+	memset(&e, 0, sizeof(e));
+	e.ino = fs_inode_id(fs, in);
+	e.attr = *st;
+	e.attr_timeout = fs->timeout;
+	e.entry_timeout = fs->timeout;
+	/* An interrupted request: the kernel never saw this lookup. */
+	if (fuse_reply_entry(req, &e) != 0)
+		fs_inode_forget(fs, e.ino, 1);
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct fs *fs = userdata;
+	bool zero_copy = fs->sb->ops->file_fd != NULL;
+
+	if (zero_copy) {
+		if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+			conn->want |= FUSE_CAP_SPLICE_WRITE;
+		if (conn->capable & FUSE_CAP_SPLICE_MOVE)
+			conn->want |= FUSE_CAP_SPLICE_MOVE;
+		if (conn->capable & FUSE_CAP_SPLICE_READ)
+			conn->want |= FUSE_CAP_SPLICE_READ;
+	}
+	/* The backend changes under us, so no kernel write-back cache. */
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* O_TRUNC arrives as a setattr, which zero-message opens need. */
+	conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA)
+		conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+	if (fs->watching && (conn->capable & FUSE_CAP_CACHE_SYMLINKS))
+		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+	if (conn->capable & FUSE_CAP_READDIRPLUS)
+		conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+	/* No locks: POSIX/flock locks stay local to the kernel. */
+	conn->want &= ~(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS);
+	conn->max_write = 1u << 20;
+	conn->time_gran = 1;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_node *node = NULL;
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->lookup(fs->sb, node_of(fs, parent), name, &node, &st);
+	if (rc == -ENOENT && fs->watching) {
+		/* Negative entry: cached until the change stream says so. */
+		struct fuse_entry_param e;
+
+		sbx_error_clear();
+		memset(&e, 0, sizeof(e));
+		e.entry_timeout = fs->timeout;
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (rc < 0)
+		return reply_err(req, "lookup", rc);
+	reply_entry(req, fs, parent, name, node, &st);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	fs_inode_forget(fs_of(req), ino, nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count,
+			    struct fuse_forget_data *forgets)
+{
+	struct fs *fs = fs_of(req);
+
+	for (size_t i = 0; i < count; i++)
+		fs_inode_forget(fs, forgets[i].ino, forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->getattr(fs->sb, node_of(fs, ino), pfile_of(fi), &st);
+	if (rc < 0)
+		return reply_err(req, "getattr", rc);
+	fuse_reply_attr(req, &st, fs->timeout);
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+		       int valid, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct stat st;
+	int rc;
+
+	/* SBX_SET_* share FUSE_SET_ATTR_* values (see sbx/provider.h). */
+	rc = fs->sb->ops->setattr(fs->sb, node_of(fs, ino), pfile_of(fi), attr,
+				  valid, &st);
+	if (rc < 0)
+		return reply_err(req, "setattr", rc);
+	fuse_reply_attr(req, &st, fs->timeout);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fs *fs = fs_of(req);
+	char buf[PATH_MAX + 1];
+	int n;
+
+	n = fs->sb->ops->readlink(fs->sb, node_of(fs, ino), buf,
+				  sizeof(buf) - 1);
+	if (n < 0)
+		return reply_err(req, "readlink", n);
+	if ((size_t)n >= sizeof(buf) - 1)
+		return reply_err(req, "readlink", -ENAMETOOLONG);
+	buf[n] = '\0';
+	fuse_reply_readlink(req, buf);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+		     mode_t mode, dev_t rdev)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_node *node;
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->mknod(fs->sb, node_of(fs, parent), name, mode, rdev,
+				&node, &st);
+	if (rc < 0)
+		return reply_err(req, "mknod", rc);
+	reply_entry(req, fs, parent, name, node, &st);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+		     mode_t mode)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_node *node;
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->mkdir(fs->sb, node_of(fs, parent), name, mode, &node,
+				&st);
+	if (rc < 0)
+		return reply_err(req, "mkdir", rc);
+	reply_entry(req, fs, parent, name, node, &st);
+}
+
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+		       const char *name)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_node *node;
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->symlink(fs->sb, link, node_of(fs, parent), name,
+				  &node, &st);
+	if (rc < 0)
+		return reply_err(req, "symlink", rc);
+	reply_entry(req, fs, parent, name, node, &st);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+		    const char *newname)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_node *node;
+	struct stat st;
+	int rc;
+
+	rc = fs->sb->ops->link(fs->sb, node_of(fs, ino),
+			       node_of(fs, newparent), newname, &node, &st);
+	if (rc < 0)
+		return reply_err(req, "link", rc);
+	reply_entry(req, fs, newparent, newname, node, &st);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	int rc = fs->sb->ops->unlink(fs->sb, node_of(fs, parent), name);
+
+	if (rc < 0)
+		return reply_err(req, "unlink", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	int rc = fs->sb->ops->rmdir(fs->sb, node_of(fs, parent), name);
+
+	if (rc < 0)
+		return reply_err(req, "rmdir", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+		      fuse_ino_t newparent, const char *newname,
+		      unsigned int flags)
+{
+	struct fs *fs = fs_of(req);
+	int rc;
+
+	rc = fs->sb->ops->rename(fs->sb, node_of(fs, parent), name,
+				 node_of(fs, newparent), newname, flags);
+	if (rc < 0)
+		return reply_err(req, "rename", rc);
+	fuse_reply_err(req, 0);
+}
+
+static bool open_for_writing(int flags)
+{
+	return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+}
+
+/* Wrap a provider open result into fi; returns the fs_file. */
+static void fill_open(struct fs *fs, struct fuse_file_info *fi,
+		      struct fs_inode *in, const struct sbx_open_result *res)
+{
+	struct fs_file *f = sbx_xcalloc(1, sizeof(*f));
+
+	f->fh = res->fh;
+	f->inode = in;
+	f->writer = open_for_writing(fi->flags);
+	if (f->writer)
+		fs_inode_writers(fs, in, 1);
+	fi->fh = (uintptr_t)f;
+	/* Page cache survives opens only while invalidations are exact. */
+	fi->keep_cache = fs->watching && res->keep_cache;
+	fi->direct_io = res->direct_io;
+	fi->nonseekable = res->nonseekable;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fs_inode *in = fs_inode_get(fs, ino);
+	struct sbx_open_result res;
+	int rc;
+
+	if (fs->zero_open) {
+		/* The kernel stops sending OPEN and RELEASE from now on. */
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	memset(&res, 0, sizeof(res));
+	rc = fs->sb->ops->open(fs->sb, in->node, fi->flags, &res);
+	if (rc < 0)
+		return reply_err(req, "open", rc);
+	fill_open(fs, fi, in, &res);
+	if (fuse_reply_open(req, fi) != 0) {
+		struct fs_file *f = file_of(fi);
+
+		if (f->writer)
+			fs_inode_writers(fs, in, -1);
+		(void)fs->sb->ops->release(fs->sb, f->fh);
+		free(f);
+	}
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+		      mode_t mode, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_open_result res;
+	struct fuse_entry_param e;
+	struct sbx_node *node;
+	struct fs_inode *in;
+	int rc;
+
+	int flags = fi->flags;
+
+	memset(&res, 0, sizeof(res));
+	memset(&e, 0, sizeof(e));
+	/* A shared file must serve every later open: read-write, no append
+	 * (appends are asked for per write). */
+	if (fs->zero_open)
+		flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR;
+	rc = fs->sb->ops->create(fs->sb, node_of(fs, parent), name, mode,
+				 flags, &node, &e.attr, &res);
+	if (rc < 0)
+		return reply_err(req, "create", rc);
+	in = fs_inode_remember(fs, parent, name, node, &e.attr);
+	if (fs->zero_open) {
+		pthread_mutex_lock(&fs->lock);
+		if (!in->io_rw) {
+			__atomic_store_n(&in->io_rw, res.fh, __ATOMIC_RELEASE);
+			res.fh = NULL;
+		}
+		pthread_mutex_unlock(&fs->lock);
+		if (res.fh)
+			(void)fs->sb->ops->release(fs->sb, res.fh);
+		fi->fh = 0;
+		fi->keep_cache = fs->watching;
+	} else {
+		fill_open(fs, fi, in, &res);
+	}
+	e.ino = fs_inode_id(fs, in);
+	e.generation = 0;
+	e.attr_timeout = fs->timeout;
+	e.entry_timeout = fs->timeout;
+	if (fuse_reply_create(req, &e, fi) != 0) {
+		struct fs_file *f = file_of(fi);
+
+		if (f) {
+			if (f->writer)
+				fs_inode_writers(fs, in, -1);
+			(void)fs->sb->ops->release(fs->sb, f->fh);
+			free(f);
+		}
+		fs_inode_forget(fs, e.ino, 1);
+	}
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_file *fh;
+	ssize_t n;
+	char *buf;
+	int rc = io_file(fs, ino, fi, false, &fh);
+
+	if (rc < 0)
+		return reply_err(req, "read", rc);
+	if (fs->sb->ops->file_fd) {
+		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
+		int fd = fs->sb->ops->file_fd(fs->sb, fh);
+
+		if (fd < 0)
+			return reply_err(req, "read", fd);
+		bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+		bv.buf[0].fd = fd;
+		bv.buf[0].pos = off;
+		fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+		return;
+	}
+	buf = sbx_xmalloc(size);
+	n = fs->sb->ops->read(fs->sb, fh, buf, size, off);
+	if (n < 0)
+		reply_err(req, "read", (int)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
+/*
+ * O_APPEND on a shared descriptor: the kernel's idea of the end of file
+ * may be stale (another process appended in the worktree), so append at
+ * the real end, atomically, as O_APPEND promises.
+ */
+static void write_append(fuse_req_t req, int fd, struct fuse_bufvec *in_buf,
+			 size_t size)
+{
+	struct fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
+	struct iovec iov;
+	ssize_t n;
+
+	mem.buf[0].mem = sbx_xmalloc(size);
+	n = fuse_buf_copy(&mem, in_buf, 0);
+	if (n >= 0) {
+		iov.iov_base = mem.buf[0].mem;
+		iov.iov_len = (size_t)n;
+		n = pwritev2(fd, &iov, 1, -1, RWF_APPEND);
+		if (n < 0)
+			n = sbx_error_os("append");
+	}
+	free(mem.buf[0].mem);
+	if (n < 0)
+		return reply_err(req, "write", (int)n);
+	fuse_reply_write(req, (size_t)n);
+}
+
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
+			 struct fuse_bufvec *in_buf, off_t off,
+			 struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_file *fh;
+	size_t size = fuse_buf_size(in_buf);
+	ssize_t n;
+	int rc = io_file(fs, ino, fi, true, &fh);
+
+	if (rc < 0)
+		return reply_err(req, "write", rc);
+	if (fs->sb->ops->file_fd) {
+		struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+		int fd = fs->sb->ops->file_fd(fs->sb, fh);
+
+		if (fd < 0)
+			return reply_err(req, "write", fd);
+		if (fs->zero_open && (fi->flags & O_APPEND))
+			return write_append(req, fd, in_buf, size);
+		out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+		out.buf[0].fd = fd;
+		out.buf[0].pos = off;
+		n = fuse_buf_copy(&out, in_buf, 0);
+		if (n < 0)
+			return reply_err(req, "write", (int)n);
+		fuse_reply_write(req, (size_t)n);
+		return;
+	}
+	if (in_buf->count == 1 && !(in_buf->buf[0].flags & FUSE_BUF_IS_FD)) {
+		n = fs->sb->ops->write(fs->sb, fh, in_buf->buf[0].mem, size,
+				       off);
+	} else {
+		/* Spliced or scattered input: gather into memory first. */
+		struct fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
+
+		mem.buf[0].mem = sbx_xmalloc(size);
+		n = fuse_buf_copy(&mem, in_buf, 0);
+		if (n >= 0)
+			n = fs->sb->ops->write(fs->sb, fh, mem.buf[0].mem,
+					       (size_t)n, off);
+		free(mem.buf[0].mem);
+	}
+	if (n < 0)
+		return reply_err(req, "write", (int)n);
+	fuse_reply_write(req, (size_t)n);
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	int rc;
+
+	if (!pfile_of(fi)) {
+		/* Zero-message opens: nothing per open to flush, ever. */
+		fuse_reply_err(req, fs->zero_open ? ENOSYS : 0);
+		return;
+	}
+	rc = fs->sb->ops->flush ? fs->sb->ops->flush(fs->sb, pfile_of(fi)) : 0;
+
+	if (rc < 0)
+		return reply_err(req, "flush", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fs_file *f = (struct fs_file *)(uintptr_t)fi->fh;
+	int rc;
+
+	if (!f) {
+		/* A create() reply before the kernel learnt of zero opens. */
+		fuse_reply_err(req, 0);
+		return;
+	}
+	rc = fs->sb->ops->release(fs->sb, f->fh);
+	if (f->writer)
+		fs_inode_writers(fs, f->inode, -1);
+	free(f);
+	/* close(2) has returned already; the error only goes to the log. */
+	if (rc < 0)
+		sbx_warn("release: %s", sbx_error_last()->msg);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+		     struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_file *fh;
+	int rc = io_file(fs, ino, fi, false, &fh);
+
+	if (rc == 0)
+		rc = fs->sb->ops->fsync(fs->sb, fh, datasync != 0);
+	if (rc < 0)
+		return reply_err(req, "fsync", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fs_file *f;
+	struct sbx_file *dh;
+	int rc;
+
+	if (fs->zero_open) {
+		/* readdir opens its own handle; listings are cached. */
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &dh);
+	if (rc < 0)
+		return reply_err(req, "opendir", rc);
+	f = sbx_xcalloc(1, sizeof(*f));
+	f->fh = dh;
+	f->inode = fs_inode_get(fs, ino);
+	fi->fh = (uintptr_t)f;
+	/* The kernel may keep listings; the change stream invalidates them. */
+	fi->cache_readdir = fs->watching;
+	fi->keep_cache = fs->watching;
+	if (fuse_reply_open(req, fi) != 0) {
+		(void)fs->sb->ops->releasedir(fs->sb, dh);
+		free(f);
+	}
+}
+
+struct dir_fill {
+	fuse_req_t req;
+	struct fs *fs;
+	fuse_ino_t dir;
+	bool plus;
+	char *buf;
+	size_t size, used;
+};
+
+static int fill_entry(const char *name, const struct stat *st,
+		      struct sbx_node *node, off_t next, void *payload)
+{
+	struct dir_fill *d = payload;
+	size_t rem = d->size - d->used, need;
+
+	if (!d->plus) {
+		need = fuse_add_direntry(d->req, d->buf + d->used, rem, name,
+					 st, next);
+		if (need > rem)
+			return 1;
+		d->used += need;
+		return 0;
+	}
+	need = fuse_add_direntry_plus(d->req, NULL, 0, name, NULL, 0);
+	if (need > rem)
+		return 1;
+
+	struct fuse_entry_param e;
+
+	memset(&e, 0, sizeof(e));
+	e.attr = *st;
+	if (node) {
+		struct fs_inode *in = fs_inode_remember(d->fs, d->dir, name,
+							node, st);
+
+		e.ino = fs_inode_id(d->fs, in);
+		e.attr_timeout = d->fs->timeout;
+		e.entry_timeout = d->fs->timeout;
+	}
+	d->used += fuse_add_direntry_plus(d->req, d->buf + d->used, rem, name,
+					  &e, next);
+	return 0;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
+		       off_t off, struct fuse_file_info *fi, bool plus)
+{
+	struct fs *fs = fs_of(req);
+	struct dir_fill d = {
+		.req = req, .fs = fs, .dir = ino, .plus = plus, .size = size,
+	};
+	struct sbx_file *dh = pfile_of(fi), *tmp = NULL;
+	int rc;
+
+	if (!dh) {
+		rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &tmp);
+		if (rc < 0)
+			return reply_err(req, "readdir", rc);
+		dh = tmp;
+	}
+	d.buf = sbx_xmalloc(size);
+	rc = fs->sb->ops->readdir(fs->sb, dh, off, plus ? SBX_READDIR_PLUS : 0,
+				  fill_entry, &d);
+	if (tmp)
+		(void)fs->sb->ops->releasedir(fs->sb, tmp);
+	/* Entries already in the buffer were remembered: send them. */
+	if (rc < 0 && d.used == 0)
+		reply_err(req, plus ? "readdirplus" : "readdir", rc);
+	else
+		fuse_reply_buf(req, d.buf, d.used);
+	free(d.buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, true);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino,
+			  struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct fs_file *f = (struct fs_file *)(uintptr_t)fi->fh;
+
+	if (f) {
+		(void)fs->sb->ops->releasedir(fs->sb, f->fh);
+		free(f);
+	}
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+			struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	struct sbx_file *dh = pfile_of(fi), *tmp = NULL;
+	int rc = 0;
+
+	if (!fs->sb->ops->fsyncdir) {
+		fuse_reply_err(req, 0);
+		return;
+	}
+	if (!dh) {
+		rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &tmp);
+		dh = tmp;
+	}
+	if (rc == 0)
+		rc = fs->sb->ops->fsyncdir(fs->sb, dh, datasync != 0);
+	if (tmp)
+		(void)fs->sb->ops->releasedir(fs->sb, tmp);
+
+	if (rc < 0)
+		return reply_err(req, "fsyncdir", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fs *fs = fs_of(req);
+	struct statvfs sv;
+	int rc = fs->sb->ops->statfs(fs->sb, node_of(fs, ino), &sv);
+
+	if (rc < 0)
+		return reply_err(req, "statfs", rc);
+	fuse_reply_statfs(req, &sv);
+}
+
+static bool is_virtual_xattr(const char *name)
+{
+	return strcmp(name, XATTR_SESSION) == 0 ||
+	       strcmp(name, XATTR_PATH) == 0 ||
+	       strcmp(name, XATTR_CONTROL) == 0;
+}
+
+static void reply_xattr_value(fuse_req_t req, const char *value, size_t size)
+{
+	size_t len = strlen(value);
+
+	if (size == 0)
+		fuse_reply_xattr(req, len);
+	else if (len > size)
+		fuse_reply_err(req, ERANGE);
+	else
+		fuse_reply_buf(req, value, len);
+}
+
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+			size_t size)
+{
+	struct fs *fs = fs_of(req);
+	char *buf = NULL;
+	ssize_t n;
+
+	if (strcmp(name, XATTR_SESSION) == 0)
+		return reply_xattr_value(req, fs->session, size);
+	if (strcmp(name, XATTR_CONTROL) == 0) {
+		if (!fs->control_socket)
+			{
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
+		return reply_xattr_value(req, fs->control_socket, size);
+	}
+	if (strcmp(name, XATTR_PATH) == 0) {
+		int rc = fs->sb->ops->node_path(fs->sb, node_of(fs, ino), &buf);
+
+		if (rc < 0)
+			return reply_err(req, "getxattr", rc);
+		reply_xattr_value(req, buf, size);
+		free(buf);
+		return;
+	}
+	if (!fs->sb->ops->getxattr)
+		{
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
+	if (size)
+		buf = sbx_xmalloc(size);
+	n = fs->sb->ops->getxattr(fs->sb, node_of(fs, ino), name, buf, size);
+	if (n < 0)
+		reply_err(req, "getxattr", (int)n);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct fs *fs = fs_of(req);
+	char *buf = NULL;
+	ssize_t n;
+
+	/*
+	 * The virtual attributes are not listed, so `cp -a` and `rsync -X`
+	 * do not copy them onto other files.
+	 */
+	if (!fs->sb->ops->listxattr)
+	{
+		if (size)
+			fuse_reply_buf(req, NULL, 0);
+		else
+			fuse_reply_xattr(req, 0);
+		return;
+	}
+	if (size)
+		buf = sbx_xmalloc(size);
+	n = fs->sb->ops->listxattr(fs->sb, node_of(fs, ino), buf, size);
+	if (n < 0)
+		reply_err(req, "listxattr", (int)n);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+			const char *value, size_t size, int flags)
+{
+	struct fs *fs = fs_of(req);
+	int rc;
+
+	if (is_virtual_xattr(name))
+		{
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (!fs->sb->ops->setxattr)
+		{
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
+	rc = fs->sb->ops->setxattr(fs->sb, node_of(fs, ino), name, value, size,
+				   flags);
+	if (rc < 0)
+		return reply_err(req, "setxattr", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct fs *fs = fs_of(req);
+	int rc;
+
+	if (is_virtual_xattr(name))
+		{
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (!fs->sb->ops->removexattr)
+		{
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
+	rc = fs->sb->ops->removexattr(fs->sb, node_of(fs, ino), name);
+	if (rc < 0)
+		return reply_err(req, "removexattr", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode,
+			 off_t offset, off_t length, struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	int rc;
+
+	if (!fs->sb->ops->fallocate)
+		{
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
+	struct sbx_file *fh;
+
+	rc = io_file(fs, ino, fi, true, &fh);
+	if (rc == 0)
+		rc = fs->sb->ops->fallocate(fs->sb, fh, mode, offset, length);
+	if (rc < 0)
+		return reply_err(req, "fallocate", rc);
+	fuse_reply_err(req, 0);
+}
+
+static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		     struct fuse_file_info *fi)
+{
+	struct fs *fs = fs_of(req);
+	off_t res;
+
+	if (!fs->sb->ops->lseek)
+		{
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	struct sbx_file *fh;
+	int rc = io_file(fs, ino, fi, false, &fh);
+
+	if (rc < 0)
+		return reply_err(req, "lseek", rc);
+	res = fs->sb->ops->lseek(fs->sb, fh, off, whence);
+	if (res < 0)
+		return reply_err(req, "lseek", (int)res);
+	fuse_reply_lseek(req, res);
+}
+
+static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in,
+			       off_t off_in, struct fuse_file_info *fi_in,
+			       fuse_ino_t ino_out, off_t off_out,
+			       struct fuse_file_info *fi_out, size_t len,
+			       int flags)
+{
+	struct fs *fs = fs_of(req);
+	ssize_t n;
+
+	if (!fs->sb->ops->copy_file_range)
+		{
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	struct sbx_file *in, *out;
+	int rc = io_file(fs, ino_in, fi_in, false, &in);
+
+	if (rc == 0)
+		rc = io_file(fs, ino_out, fi_out, true, &out);
+	if (rc < 0)
+		return reply_err(req, "copy_file_range", rc);
+	n = fs->sb->ops->copy_file_range(fs->sb, in, off_in, out, off_out, len,
+					 flags);
+	if (n < 0)
+		return reply_err(req, "copy_file_range", (int)n);
+	fuse_reply_write(req, (size_t)n);
+}
+
+const struct fuse_lowlevel_ops fs_ops = {
+	.init = op_init,
+	.lookup = op_lookup,
+	.forget = op_forget,
+	.forget_multi = op_forget_multi,
+	.getattr = op_getattr,
+	.setattr = op_setattr,
+	.readlink = op_readlink,
+	.mknod = op_mknod,
+	.mkdir = op_mkdir,
+	.symlink = op_symlink,
+	.link = op_link,
+	.unlink = op_unlink,
+	.rmdir = op_rmdir,
+	.rename = op_rename,
+	.open = op_open,
+	.create = op_create,
+	.read = op_read,
+	.write_buf = op_write_buf,
+	.flush = op_flush,
+	.release = op_release,
+	.fsync = op_fsync,
+	.opendir = op_opendir,
+	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
+	.releasedir = op_releasedir,
+	.fsyncdir = op_fsyncdir,
+	.statfs = op_statfs,
+	.getxattr = op_getxattr,
+	.listxattr = op_listxattr,
+	.setxattr = op_setxattr,
+	.removexattr = op_removexattr,
+	.fallocate = op_fallocate,
+	.lseek = op_lseek,
+	.copy_file_range = op_copy_file_range,
+};

@@ -1,0 +1,414 @@
+/*
+ * The provider interface: how sbx creates sandboxes and reaches their files.
+ *
+ * A provider (local, remote, kubernetes, modal, mem) is a versioned table of
+ * operations in two halves:
+ *
+ *  - the control plane (struct sbx_provider_ops): create, get, list,
+ *    terminate, snapshot, snapshots, restore, status, and opening the data
+ *    plane of one sandbox;
+ *  - the data plane of one open sandbox (struct sbx_sandbox_ops): node-based
+ *    file operations modelled on the FUSE low-level API, plus exec and watch.
+ *
+ * Nodes.  The data plane is node based, not path based: lookup() returns a
+ * provider-owned `struct sbx_node *` that stays valid until the caller hands
+ * it back with forget().  The FUSE daemon keeps one node per kernel inode and
+ * deduplicates by `st_dev`/`st_ino` of the returned attributes (hard links,
+ * repeated lookups), so a provider may hand out several nodes for one file
+ * and must report a stable st_ino for it.  A local provider keeps an O_PATH
+ * descriptor in its node (renames need no bookkeeping); a remote provider
+ * keeps a path or a remote handle.  The root node is owned by the sandbox and
+ * is never forgotten.
+ *
+ * Errors: every int-returning operation returns 0 or a negative errno and
+ * records detail with sbx_error_set() (see sbx/error.h).  The errno is what the
+ * mount shows to applications, so it must be the POSIX-meaningful one
+ * (-ENOENT for a missing file, -EIO/-ETIMEDOUT for an unreachable sandbox).
+ *
+ * Threads: data-plane operations are called concurrently from the FUSE
+ * worker threads, for different and for the same nodes; providers do their
+ * own locking.  Control-plane operations are called from the CLI, serialised
+ * per session by the session lock (sbx/state.h).
+ *
+ * Versioning: a provider sets `version` to the SBX_*_OPS_VERSION it was built
+ * against; the registry refuses tables of another version.  Optional
+ * operations may be NULL; callers then fail with -ENOSYS (or -EOPNOTSUPP for
+ * xattrs/fallocate/copy_file_range) as the kernel expects.
+ */
+#ifndef SBX_PROVIDER_H
+#define SBX_PROVIDER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "sbx/error.h"
+
+struct cJSON;
+struct sbx_provider;
+struct sbx_sandbox;
+struct sbx_node;
+struct sbx_file;
+
+#define SBX_PROVIDER_OPS_VERSION 1
+#define SBX_SANDBOX_OPS_VERSION 1
+
+/* ------------------------------------------------------------------------ */
+/* Control plane                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Sandbox lifecycle states, as reported in the status object. */
+enum sbx_state {
+	SBX_STATE_CREATING = 0,
+	SBX_STATE_READY,
+	SBX_STATE_STOPPED,
+	SBX_STATE_ERROR,
+};
+
+const char *sbx_state_name(enum sbx_state s);
+
+/*
+ * What a provider knows about one sandbox.  Strings are owned by the struct;
+ * release with sbx_sandbox_info_fini().
+ */
+struct sbx_sandbox_info {
+	char *session;     /* session name */
+	char *provider;    /* "local", "remote", ... */
+	char *sandbox_id;  /* provider's id (local: branch name) */
+	char *workdir;     /* directory inside the sandbox that is mounted */
+	char *isolation;   /* "none", "bwrap", ... (exec isolation in force) */
+	enum sbx_state state;
+	bool remote;       /* the files live on another machine */
+	time_t created_at;
+	struct cJSON *extra; /* provider-specific fields, may be NULL */
+};
+
+void sbx_sandbox_info_fini(struct sbx_sandbox_info *info);
+
+/*
+ * Options for create().  `options` is the provider's section of the merged
+ * configuration (see sbx/config.h), borrowed for the call.
+ */
+struct sbx_create_opts {
+	const char *session;
+	const char *repo;        /* local: source repository (NULL: cwd's) */
+	const char *ref;         /* local: start point (NULL: HEAD) */
+	bool carry_changes;      /* local: copy uncommitted changes */
+	const struct cJSON *options;
+};
+
+/* Flags for terminate(). */
+#define SBX_TERMINATE_FORCE 0x1         /* even with uncommitted changes */
+#define SBX_TERMINATE_DELETE_BRANCH 0x2 /* local: delete sbx/<name> too */
+
+/* One snapshot, as listed by snapshots(). Strings borrowed for the call. */
+struct sbx_snapshot_info {
+	const char *id;      /* stable id usable with restore() */
+	const char *message;
+	time_t created_at;
+};
+
+typedef int (*sbx_snapshot_cb)(const struct sbx_snapshot_info *snap,
+			       void *payload);
+typedef int (*sbx_list_cb)(const struct sbx_sandbox_info *info, void *payload);
+
+struct sbx_provider_ops {
+	unsigned version; /* SBX_PROVIDER_OPS_VERSION */
+	const char *name;
+
+	/*
+	 * Create the sandbox of session `o->session`.  Fails with -EEXIST if
+	 * it already exists.  Fills `out` on success.
+	 */
+	int (*create)(struct sbx_provider *p, const struct sbx_create_opts *o,
+		      struct sbx_sandbox_info *out);
+
+	/* Describe an existing sandbox; -ENOENT (NOTFOUND) when unknown. */
+	int (*get)(struct sbx_provider *p, const char *session,
+		   struct sbx_sandbox_info *out);
+
+	/* Every sandbox this provider knows of; stops when cb returns != 0. */
+	int (*list)(struct sbx_provider *p, sbx_list_cb cb, void *payload);
+
+	/*
+	 * Remove the sandbox.  Refuses with -EBUSY (SBX_ERR_STATE) when it
+	 * holds work that would be lost, unless SBX_TERMINATE_FORCE.
+	 * -ENOENT when it does not exist.
+	 */
+	int (*terminate)(struct sbx_provider *p, const char *session,
+			 unsigned flags);
+
+	/*
+	 * Record the whole sandbox state without disturbing it.  *id_out
+	 * (malloc'd, caller frees) names the snapshot.
+	 */
+	int (*snapshot)(struct sbx_provider *p, const char *session,
+			const char *message, char **id_out);
+
+	/* Snapshots of a session, newest first. */
+	int (*snapshots)(struct sbx_provider *p, const char *session,
+			 sbx_snapshot_cb cb, void *payload);
+
+	/*
+	 * Return the sandbox to snapshot `id`.  First snapshots the current
+	 * state so nothing is lost; its id goes to *saved_out (may be NULL).
+	 */
+	int (*restore)(struct sbx_provider *p, const char *session,
+		       const char *id, char **saved_out);
+
+	/*
+	 * Open the data plane of an existing sandbox (for the FUSE daemon).
+	 * *out is owned by the caller, released with sbx_sandbox_free().
+	 */
+	int (*open)(struct sbx_provider *p, const char *session,
+		    struct sbx_sandbox **out);
+
+	/* Release the provider.  Accepts NULL. */
+	void (*free)(struct sbx_provider *p);
+};
+
+struct sbx_provider {
+	const struct sbx_provider_ops *ops;
+	struct cJSON *config; /* owned: the provider's config section */
+};
+
+/*
+ * Instantiate provider `name` ("local", ...) with its configuration section
+ * `config` (borrowed; duplicated).  -ENOENT (CONFIG) for an unknown name.
+ */
+SBX_WUR int sbx_provider_new(struct sbx_provider **out, const char *name,
+			     const struct cJSON *config);
+void sbx_provider_free(struct sbx_provider *p);
+
+/* Names of the compiled-in providers, NULL-terminated. */
+const char *const *sbx_provider_names(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data plane                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Called by readdir for each entry.  `st` carries at least st_ino and the
+ * S_IFMT bits of st_mode.  With SBX_READDIR_PLUS, `st` is complete and
+ * `node` is a new node reference for the entry: the callback takes it when
+ * it returns 0; otherwise the provider forgets it.  `next` is the cookie to
+ * resume after this entry.  Return non-zero to stop (reply buffer full); the
+ * entry was then not consumed and will be offered again.
+ */
+typedef int (*sbx_dirent_cb)(const char *name, const struct stat *st,
+			     struct sbx_node *node, off_t next, void *payload);
+
+#define SBX_READDIR_PLUS 0x1
+
+/*
+ * Receives change events from watch(); see below.  Objects are named by the
+ * identity the provider reports in st_dev/st_ino (the daemon's inode key).
+ */
+struct sbx_change {
+	uint64_t seq;
+	int kind;             /* SBX_CHANGE_* */
+	dev_t dir_dev;        /* parent directory of `name` */
+	ino_t dir_ino;        /* (0 when unknown) */
+	const char *name;     /* entry name in dir, NULL when not about a name */
+	dev_t dev;            /* the changed object itself */
+	ino_t ino;            /* (0 when unknown) */
+};
+
+#define SBX_CHANGE_ENTRY 1    /* name appeared/disappeared in dir */
+#define SBX_CHANGE_DATA 2     /* content and attributes changed */
+#define SBX_CHANGE_ATTR 3     /* attributes changed */
+#define SBX_CHANGE_OVERFLOW 4 /* events lost: invalidate everything */
+
+typedef void (*sbx_change_cb)(const struct sbx_change *c, void *payload);
+
+/* setattr `valid` bits (same meaning as FUSE_SET_ATTR_*). */
+#define SBX_SET_MODE 0x01
+#define SBX_SET_UID 0x02
+#define SBX_SET_GID 0x04
+#define SBX_SET_SIZE 0x08
+#define SBX_SET_ATIME 0x10
+#define SBX_SET_MTIME 0x20
+#define SBX_SET_ATIME_NOW 0x80
+#define SBX_SET_MTIME_NOW 0x100
+#define SBX_SET_CTIME 0x400
+
+/* Per-open results a provider may request from the kernel. */
+struct sbx_open_result {
+	struct sbx_file *fh;
+	bool keep_cache;  /* page cache still valid for this file */
+	bool direct_io;   /* bypass the page cache (e.g. /proc-like files) */
+	bool nonseekable;
+};
+
+struct sbx_exec_request;  /* sbx/exec.h */
+struct sbx_exec_handle;   /* sbx/exec.h */
+
+struct sbx_sandbox_ops {
+	unsigned version; /* SBX_SANDBOX_OPS_VERSION */
+
+	/* The root node (owned by the sandbox; never forgotten). */
+	struct sbx_node *(*root)(struct sbx_sandbox *sb);
+
+	/*
+	 * Find `name` in directory `parent`.  On success *out is a new node
+	 * reference (release with forget) and *st its attributes.
+	 */
+	int (*lookup)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		      const char *name, struct sbx_node **out, struct stat *st);
+
+	/* Drop a node reference returned by lookup/create/mkdir/.... */
+	void (*forget)(struct sbx_sandbox *sb, struct sbx_node *node);
+
+	/* Attributes of a node; `fh` may be NULL or an open file of it. */
+	int (*getattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+		       struct sbx_file *fh, struct stat *st);
+
+	/*
+	 * Change attributes: mode, owner, size, times per `valid` (SBX_SET_*),
+	 * values from `in`.  Fills *out with the new attributes.
+	 */
+	int (*setattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+		       struct sbx_file *fh, const struct stat *in, int valid,
+		       struct stat *out);
+
+	int (*readlink)(struct sbx_sandbox *sb, struct sbx_node *node,
+			char *buf, size_t size); /* returns length or -errno */
+
+	/* Create nodes; each returns a node reference and its attributes. */
+	int (*mknod)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		     const char *name, mode_t mode, dev_t rdev,
+		     struct sbx_node **out, struct stat *st);
+	int (*mkdir)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		     const char *name, mode_t mode, struct sbx_node **out,
+		     struct stat *st);
+	int (*symlink)(struct sbx_sandbox *sb, const char *target,
+		       struct sbx_node *parent, const char *name,
+		       struct sbx_node **out, struct stat *st);
+	int (*link)(struct sbx_sandbox *sb, struct sbx_node *node,
+		    struct sbx_node *newparent, const char *newname,
+		    struct sbx_node **out, struct stat *st);
+
+	int (*unlink)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		      const char *name);
+	int (*rmdir)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		     const char *name);
+	/* flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE. */
+	int (*rename)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		      const char *name, struct sbx_node *newparent,
+		      const char *newname, unsigned flags);
+
+	/* Open an existing file; `flags` as open(2). */
+	int (*open)(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
+		    struct sbx_open_result *out);
+	/* Create and open (O_CREAT, O_EXCL honoured). */
+	int (*create)(struct sbx_sandbox *sb, struct sbx_node *parent,
+		      const char *name, mode_t mode, int flags,
+		      struct sbx_node **node_out, struct stat *st,
+		      struct sbx_open_result *out);
+
+	/* Read up to `size` bytes at `off` into buf; returns count or -errno. */
+	ssize_t (*read)(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
+			size_t size, off_t off);
+	/*
+	 * Optional zero-copy path: a descriptor of the open file that the
+	 * daemon may splice from (reads) and into (writes) at explicit offsets
+	 * instead of calling read/write.  Returns the fd (owned by fh) or
+	 * -errno; NULL when the provider has none (remote backends).
+	 */
+	int (*file_fd)(struct sbx_sandbox *sb, struct sbx_file *fh);
+	/* Write; returns count or -errno. */
+	ssize_t (*write)(struct sbx_sandbox *sb, struct sbx_file *fh,
+			 const void *buf, size_t size, off_t off);
+	/* close(2) of one descriptor of the open file: push buffered data. */
+	int (*flush)(struct sbx_sandbox *sb, struct sbx_file *fh);
+	int (*fsync)(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
+	/* Last reference to the open file is gone; frees fh. */
+	int (*release)(struct sbx_sandbox *sb, struct sbx_file *fh);
+
+	/* Optional: fallocate(2), lseek(2) SEEK_DATA/SEEK_HOLE, copy. */
+	int (*fallocate)(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
+			 off_t off, off_t len);
+	off_t (*lseek)(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
+		       int whence);
+	ssize_t (*copy_file_range)(struct sbx_sandbox *sb,
+				   struct sbx_file *in, off_t off_in,
+				   struct sbx_file *out, off_t off_out,
+				   size_t len, int flags);
+
+	/* Directories: opendir → readdir* → releasedir. */
+	int (*opendir)(struct sbx_sandbox *sb, struct sbx_node *node,
+		       struct sbx_file **out);
+	/*
+	 * Emit entries after cookie `off` (0 = start) through cb.  `flags`:
+	 * SBX_READDIR_PLUS for attributes and nodes (readdirplus).  "." and
+	 * ".." are emitted like any entry (so cookies stay the provider's)
+	 * but never with a node.
+	 */
+	int (*readdir)(struct sbx_sandbox *sb, struct sbx_file *dh, off_t off,
+		       unsigned flags, sbx_dirent_cb cb, void *payload);
+	int (*fsyncdir)(struct sbx_sandbox *sb, struct sbx_file *dh,
+			bool datasync);
+	int (*releasedir)(struct sbx_sandbox *sb, struct sbx_file *dh);
+
+	int (*statfs)(struct sbx_sandbox *sb, struct sbx_node *node,
+		      struct statvfs *out);
+
+	/* Extended attributes (optional).  get/list return length or -errno;
+	 * size 0 asks for the needed length, as getxattr(2). */
+	ssize_t (*getxattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+			    const char *name, void *buf, size_t size);
+	ssize_t (*listxattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+			     char *buf, size_t size);
+	int (*setxattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+			const char *name, const void *value, size_t size,
+			int flags);
+	int (*removexattr)(struct sbx_sandbox *sb, struct sbx_node *node,
+			   const char *name);
+
+	/*
+	 * Absolute path of `node` inside the sandbox (what a command running
+	 * there would use).  *out malloc'd, caller frees.
+	 */
+	int (*node_path)(struct sbx_sandbox *sb, struct sbx_node *node,
+			 char **out);
+
+	/*
+	 * Exec (sbx/exec.h): start a command in the sandbox.  NULL when the
+	 * provider cannot run commands.
+	 */
+	int (*exec_start)(struct sbx_sandbox *sb,
+			  const struct sbx_exec_request *req,
+			  struct sbx_exec_handle **out);
+
+	/*
+	 * Watch: start delivering change events to cb from a provider thread.
+	 * Returns -ENOSYS when the provider has no change stream (the daemon
+	 * then uses short cache timeouts).  Events for names are delivered
+	 * with the parent node when the provider can resolve it.
+	 */
+	int (*watch_start)(struct sbx_sandbox *sb, sbx_change_cb cb,
+			   void *payload);
+	/*
+	 * Deliver every change that happened before this call (the exec
+	 * barrier): on return, cb has been called for all of them.
+	 */
+	int (*watch_sync)(struct sbx_sandbox *sb);
+	void (*watch_stop)(struct sbx_sandbox *sb);
+
+	/* Release the sandbox handle (not the sandbox).  Accepts NULL. */
+	void (*free)(struct sbx_sandbox *sb);
+};
+
+struct sbx_sandbox {
+	const struct sbx_sandbox_ops *ops;
+	char *session;   /* owned */
+	char *workdir;   /* owned: absolute path inside the sandbox */
+};
+
+/* Free a sandbox handle through its ops; accepts NULL. */
+void sbx_sandbox_free(struct sbx_sandbox *sb);
+
+#endif
