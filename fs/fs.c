@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -141,6 +142,40 @@ static void notify_ready(int fd)
 	close(fd);
 }
 
+/*
+ * The kernel caps FUSE readahead at the mount's bdi setting (128 KiB), far
+ * below what the backend streams; raise it to 1 MiB where we may (root).
+ * Found through mountinfo because a stat of our own mountpoint would wait
+ * for a loop that is not running yet.  Best effort.
+ */
+static void tune_readahead(const char *session)
+{
+	char line[4096], want[300], path[64];
+	unsigned maj, min;
+	bool found = false;
+	FILE *f;
+
+	snprintf(want, sizeof(want), " - fuse.sbx sbx:%s ", session);
+	f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (strstr(line, want) &&
+		    sscanf(line, "%*u %*u %u:%u", &maj, &min) == 2)
+			found = true;
+	}
+	fclose(f);
+	if (!found)
+		return;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj,
+		 min);
+	f = fopen(path, "we");
+	if (!f)
+		return;
+	fputs("1024\n", f);
+	fclose(f);
+}
+
 static int start_watch(struct fs *fs)
 {
 	int rc;
@@ -228,6 +263,7 @@ int fs_daemon_run(const struct fs_options *o)
 		goto out;
 	}
 	mounted = true;
+	tune_readahead(o->session);
 
 	rc = start_watch(&fs);
 	if (rc < 0)
