@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,6 +177,29 @@ static void tune_readahead(const char *session)
 	fclose(f);
 }
 
+/*
+ * Each inode the kernel holds costs a descriptor (the local provider's
+ * O_PATH node), so the usual soft limit of 1024 is far too low: raise it
+ * to the hard limit, and with privilege to 1M, as passthrough_hp does.
+ */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (rl.rlim_max < (1u << 20)) {
+		struct rlimit big = {1u << 20, 1u << 20};
+
+		if (setrlimit(RLIMIT_NOFILE, &big) == 0)
+			return;
+	}
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		sbx_warn("cannot raise the descriptor limit: %s",
+			 strerror(errno));
+}
+
 static int start_watch(struct fs *fs)
 {
 	int rc;
@@ -231,6 +255,7 @@ int fs_daemon_run(const struct fs_options *o)
 
 	/* Modes from the kernel are already masked by the caller's umask. */
 	umask(0);
+	raise_fd_limit();
 
 	opts = sbx_xasprintf("fsname=sbx:%s,subtype=sbx,default_permissions",
 			     o->session);

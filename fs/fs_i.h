@@ -40,13 +40,6 @@ struct fs_inode {
 	ino_t ino;
 	uint64_t nlookup;      /* protected by fs->lock */
 	unsigned writers;      /* opens for writing; protected by fs->lock */
-	/*
-	 * Zero-message opens (fs->zero_open): files shared by every kernel
-	 * open of this inode, opened on first use and released in forget.
-	 * Set once under fs->lock, then read without it.
-	 */
-	struct sbx_file *io_ro;
-	struct sbx_file *io_rw;
 	fuse_ino_t parent;     /* last known parent; protected by fs->lock */
 	char *name;            /* last known name; protected by fs->lock */
 	struct fs_inode *hnext; /* hash chain */
@@ -69,7 +62,7 @@ struct fs {
 	/*
 	 * The provider gives descriptors (file_fd): the kernel is told that
 	 * open/opendir/flush are not implemented, so opening and closing a
-	 * file costs no request at all, and I/O goes to per-inode files.
+	 * file costs no request at all; each I/O request opens its own file.
 	 */
 	bool zero_open;
 	double timeout;         /* entry/attr timeout in seconds */

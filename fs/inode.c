@@ -19,10 +19,6 @@ static size_t hash(dev_t dev, ino_t ino, size_t size)
 /* Release everything an inode owns; it is out of the table already. */
 static void inode_free(struct fs *fs, struct fs_inode *in)
 {
-	if (in->io_ro)
-		(void)fs->sb->ops->release(fs->sb, in->io_ro);
-	if (in->io_rw)
-		(void)fs->sb->ops->release(fs->sb, in->io_rw);
 	fs->sb->ops->forget(fs->sb, in->node);
 	free(in->name);
 	free(in);
@@ -49,11 +45,6 @@ void fs_inodes_fini(struct fs *fs)
 	fs->table = NULL;
 	free(fs->root.name);
 	fs->root.name = NULL;
-	/* The root node belongs to the sandbox; only its files are ours. */
-	if (fs->root.io_ro)
-		(void)fs->sb->ops->release(fs->sb, fs->root.io_ro);
-	if (fs->root.io_rw)
-		(void)fs->sb->ops->release(fs->sb, fs->root.io_rw);
 }
 
 struct fs_inode *fs_inode_get(struct fs *fs, fuse_ino_t ino)

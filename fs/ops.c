@@ -56,58 +56,41 @@ static struct sbx_file *pfile_of(struct fuse_file_info *fi)
 
 /*
  * The provider file for I/O on `ino`: the per-open file when the kernel
- * sent an open, else (zero-message opens) the inode's shared file, opened
- * on first use for reading and writing (or reading only when writing is
- * not allowed and not asked for).
+ * sent an open; else (zero-message opens) a file opened for this request
+ * alone, which the caller releases with io_done().  Opening per request
+ * costs a few microseconds but no descriptor per cached inode, and warm
+ * reads never get here (the page cache serves them).
  */
 static int io_file(struct fs *fs, fuse_ino_t ino, struct fuse_file_info *fi,
 		   bool write, struct sbx_file **out)
 {
 	struct fs_inode *in = fs_inode_get(fs, ino);
 	struct sbx_open_result res;
-	struct sbx_file *have;
 	int rc;
 
 	*out = pfile_of(fi);
 	if (*out)
 		return 0;
-	have = __atomic_load_n(&in->io_rw, __ATOMIC_ACQUIRE);
-	if (!have && !write)
-		have = __atomic_load_n(&in->io_ro, __ATOMIC_ACQUIRE);
-	if (have) {
-		*out = have;
-		return 0;
-	}
 	memset(&res, 0, sizeof(res));
-	rc = fs->sb->ops->open(fs->sb, in->node, O_RDWR, &res);
-	if ((rc == -EACCES || rc == -EPERM || rc == -EROFS ||
-	     rc == -ETXTBSY) && !write) {
+	rc = fs->sb->ops->open(fs->sb, in->node, write ? O_RDWR : O_RDONLY,
+			       &res);
+	if (rc == -EACCES && write) {
+		/* A write-only file (mode 0200): the kernel allowed it. */
 		sbx_error_clear();
-		rc = fs->sb->ops->open(fs->sb, in->node, O_RDONLY, &res);
-		if (rc < 0)
-			return rc;
-		pthread_mutex_lock(&fs->lock);
-		if (!in->io_ro) {
-			__atomic_store_n(&in->io_ro, res.fh, __ATOMIC_RELEASE);
-			res.fh = NULL;
-		}
-		*out = in->io_ro;
-		pthread_mutex_unlock(&fs->lock);
-	} else if (rc < 0) {
-		return rc;
-	} else {
-		pthread_mutex_lock(&fs->lock);
-		if (!in->io_rw) {
-			__atomic_store_n(&in->io_rw, res.fh, __ATOMIC_RELEASE);
-			res.fh = NULL;
-		}
-		*out = in->io_rw;
-		pthread_mutex_unlock(&fs->lock);
+		rc = fs->sb->ops->open(fs->sb, in->node, O_WRONLY, &res);
 	}
-	/* Another thread won the race: ours is surplus. */
-	if (res.fh)
-		(void)fs->sb->ops->release(fs->sb, res.fh);
+	if (rc < 0)
+		return rc;
+	*out = res.fh;
 	return 0;
+}
+
+/* Release a file from io_file() if it was opened for the request. */
+static void io_done(struct fs *fs, struct fuse_file_info *fi,
+		    struct sbx_file *fh)
+{
+	if (fh && !pfile_of(fi))
+		(void)fs->sb->ops->release(fs->sb, fh);
 }
 
 static void reply_err(fuse_req_t req, const char *op, int rc)
@@ -416,24 +399,14 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 	memset(&res, 0, sizeof(res));
 	memset(&e, 0, sizeof(e));
-	/* A shared file must serve every later open: read-write, no append
-	 * (appends are asked for per write). */
-	if (fs->zero_open)
-		flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR;
 	rc = fs->sb->ops->create(fs->sb, node_of(fs, parent), name, mode,
 				 flags, &node, &e.attr, &res);
 	if (rc < 0)
 		return reply_err(req, "create", rc);
 	in = fs_inode_remember(fs, parent, name, node, &e.attr);
 	if (fs->zero_open) {
-		pthread_mutex_lock(&fs->lock);
-		if (!in->io_rw) {
-			__atomic_store_n(&in->io_rw, res.fh, __ATOMIC_RELEASE);
-			res.fh = NULL;
-		}
-		pthread_mutex_unlock(&fs->lock);
-		if (res.fh)
-			(void)fs->sb->ops->release(fs->sb, res.fh);
+		/* I/O opens its own files (io_file); this one is done. */
+		(void)fs->sb->ops->release(fs->sb, res.fh);
 		fi->fh = 0;
 		fi->keep_cache = fs->watching;
 	} else {
@@ -456,17 +429,13 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	}
 }
 
-static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+/* Reply to a read from `fh`: spliced from its descriptor when it has one. */
+static void read_reply(fuse_req_t req, struct fs *fs, struct sbx_file *fh,
+		       size_t size, off_t off)
 {
-	struct fs *fs = fs_of(req);
-	struct sbx_file *fh;
 	ssize_t n;
 	char *buf;
-	int rc = io_file(fs, ino, fi, false, &fh);
 
-	if (rc < 0)
-		return reply_err(req, "read", rc);
 	if (fs->sb->ops->file_fd) {
 		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
 		int fd = fs->sb->ops->file_fd(fs->sb, fh);
@@ -488,31 +457,64 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	free(buf);
 }
 
-/*
- * O_APPEND on a shared descriptor: the kernel's idea of the end of file
- * may be stale (another process appended in the worktree), so append at
- * the real end, atomically, as O_APPEND promises.
- */
-static void write_append(fuse_req_t req, int fd, struct fuse_bufvec *in_buf,
-			 size_t size)
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
 {
+	struct fs *fs = fs_of(req);
+	struct sbx_file *fh;
+	int rc = io_file(fs, ino, fi, false, &fh);
+
+	if (rc < 0)
+		return reply_err(req, "read", rc);
+	read_reply(req, fs, fh, size, off);
+	io_done(fs, fi, fh);
+}
+
+/*
+ * Write `in_buf` to `fh`; returns the count or -errno.  With `append`,
+ * at the real end of the file: the kernel's idea of it may be stale when
+ * another process appended in the worktree, and O_APPEND promises the end.
+ */
+static ssize_t write_data(struct fs *fs, struct sbx_file *fh,
+			  struct fuse_bufvec *in_buf, off_t off, bool append)
+{
+	size_t size = fuse_buf_size(in_buf);
+	int fd = fs->sb->ops->file_fd ? fs->sb->ops->file_fd(fs->sb, fh) : -1;
 	struct fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
-	struct iovec iov;
 	ssize_t n;
 
-	mem.buf[0].mem = sbx_xmalloc(size);
-	n = fuse_buf_copy(&mem, in_buf, 0);
-	if (n >= 0) {
-		iov.iov_base = mem.buf[0].mem;
-		iov.iov_len = (size_t)n;
+	if (fd >= 0 && !append) {
+		struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+
+		out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+		out.buf[0].fd = fd;
+		out.buf[0].pos = off;
+		n = fuse_buf_copy(&out, in_buf, 0);
+		return n < 0 ? sbx_error_set(SBX_ERR_OS, (int)n, "write: %s",
+					     strerror((int)-n))
+			     : n;
+	}
+	if (in_buf->count == 1 && !(in_buf->buf[0].flags & FUSE_BUF_IS_FD)) {
+		mem.buf[0].mem = in_buf->buf[0].mem;
+		n = (ssize_t)size;
+	} else {
+		/* Spliced or scattered input: gather into memory first. */
+		mem.buf[0].mem = sbx_xmalloc(size);
+		n = fuse_buf_copy(&mem, in_buf, 0);
+	}
+	if (n >= 0 && append && fd >= 0) {
+		struct iovec iov = {mem.buf[0].mem, (size_t)n};
+
 		n = pwritev2(fd, &iov, 1, -1, RWF_APPEND);
 		if (n < 0)
 			n = sbx_error_os("append");
+	} else if (n >= 0) {
+		n = fs->sb->ops->write(fs->sb, fh, mem.buf[0].mem, (size_t)n,
+				       off);
 	}
-	free(mem.buf[0].mem);
-	if (n < 0)
-		return reply_err(req, "write", (int)n);
-	fuse_reply_write(req, (size_t)n);
+	if (mem.buf[0].mem != in_buf->buf[0].mem)
+		free(mem.buf[0].mem);
+	return n;
 }
 
 static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
@@ -521,43 +523,15 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
 {
 	struct fs *fs = fs_of(req);
 	struct sbx_file *fh;
-	size_t size = fuse_buf_size(in_buf);
 	ssize_t n;
 	int rc = io_file(fs, ino, fi, true, &fh);
 
 	if (rc < 0)
 		return reply_err(req, "write", rc);
-	if (fs->sb->ops->file_fd) {
-		struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
-		int fd = fs->sb->ops->file_fd(fs->sb, fh);
-
-		if (fd < 0)
-			return reply_err(req, "write", fd);
-		if (fs->zero_open && (fi->flags & O_APPEND))
-			return write_append(req, fd, in_buf, size);
-		out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-		out.buf[0].fd = fd;
-		out.buf[0].pos = off;
-		n = fuse_buf_copy(&out, in_buf, 0);
-		if (n < 0)
-			return reply_err(req, "write", (int)n);
-		fuse_reply_write(req, (size_t)n);
-		return;
-	}
-	if (in_buf->count == 1 && !(in_buf->buf[0].flags & FUSE_BUF_IS_FD)) {
-		n = fs->sb->ops->write(fs->sb, fh, in_buf->buf[0].mem, size,
-				       off);
-	} else {
-		/* Spliced or scattered input: gather into memory first. */
-		struct fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
-
-		mem.buf[0].mem = sbx_xmalloc(size);
-		n = fuse_buf_copy(&mem, in_buf, 0);
-		if (n >= 0)
-			n = fs->sb->ops->write(fs->sb, fh, mem.buf[0].mem,
-					       (size_t)n, off);
-		free(mem.buf[0].mem);
-	}
+	/* Per-open files carry O_APPEND themselves. */
+	n = write_data(fs, fh, in_buf, off,
+		       !pfile_of(fi) && (fi->flags & O_APPEND));
+	io_done(fs, fi, fh);
 	if (n < 0)
 		return reply_err(req, "write", (int)n);
 	fuse_reply_write(req, (size_t)n);
@@ -609,8 +583,10 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 	struct sbx_file *fh;
 	int rc = io_file(fs, ino, fi, false, &fh);
 
-	if (rc == 0)
+	if (rc == 0) {
 		rc = fs->sb->ops->fsync(fs->sb, fh, datasync != 0);
+		io_done(fs, fi, fh);
+	}
 	if (rc < 0)
 		return reply_err(req, "fsync", rc);
 	fuse_reply_err(req, 0);
@@ -929,8 +905,10 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode,
 	struct sbx_file *fh;
 
 	rc = io_file(fs, ino, fi, true, &fh);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = fs->sb->ops->fallocate(fs->sb, fh, mode, offset, length);
+		io_done(fs, fi, fh);
+	}
 	if (rc < 0)
 		return reply_err(req, "fallocate", rc);
 	fuse_reply_err(req, 0);
@@ -953,6 +931,7 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	if (rc < 0)
 		return reply_err(req, "lseek", rc);
 	res = fs->sb->ops->lseek(fs->sb, fh, off, whence);
+	io_done(fs, fi, fh);
 	if (res < 0)
 		return reply_err(req, "lseek", (int)res);
 	fuse_reply_lseek(req, res);
@@ -975,12 +954,17 @@ static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in,
 	struct sbx_file *in, *out;
 	int rc = io_file(fs, ino_in, fi_in, false, &in);
 
-	if (rc == 0)
-		rc = io_file(fs, ino_out, fi_out, true, &out);
 	if (rc < 0)
 		return reply_err(req, "copy_file_range", rc);
+	rc = io_file(fs, ino_out, fi_out, true, &out);
+	if (rc < 0) {
+		io_done(fs, fi_in, in);
+		return reply_err(req, "copy_file_range", rc);
+	}
 	n = fs->sb->ops->copy_file_range(fs->sb, in, off_in, out, off_out, len,
 					 flags);
+	io_done(fs, fi_in, in);
+	io_done(fs, fi_out, out);
 	if (n < 0)
 		return reply_err(req, "copy_file_range", (int)n);
 	fuse_reply_write(req, (size_t)n);

@@ -1,0 +1,237 @@
+/* `sbx` dispatch table, global options and error reporting. */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "sbx/json.h"
+#include "sbx/log.h"
+#include "sbx/paths.h"
+#include "cli_i.h"
+
+struct cli_globals cli_g;
+
+static const struct cli_cmd cmds[] = {
+	{"up", cli_cmd_up, "sbx up [NAME] [OPTIONS]",
+	 "create (or re-attach) a session's sandbox and mount it",
+	 "  --provider NAME   provider (local, ...); default from config\n"
+	 "  --repo DIR        source repository (default: the one holding "
+	 "the cwd)\n"
+	 "  --ref REV         start the sandbox branch at REV (default: "
+	 "HEAD)\n"
+	 "  --carry-changes   copy uncommitted changes of the checkout\n"
+	 "  --mount DIR       mountpoint (default: $SBX_MOUNT_ROOT/NAME, "
+	 "~/sbx/NAME)\n"
+	 "  --isolate         run commands under bubblewrap "
+	 "(local.isolation=bwrap)\n"
+	 "  --config FILE     extra configuration file\n"
+	 "  --json            print the status object instead of the "
+	 "mountpoint\n"
+	 "NAME defaults to the repository's name plus a random suffix.\n"
+	 "Running it again for a live session just prints it.\n"},
+	{"down", cli_cmd_down, "sbx down NAME [OPTIONS]",
+	 "unmount and remove a session's sandbox",
+	 "  --keep-sandbox    only unmount; keep the sandbox and the session\n"
+	 "  --delete-branch   local: also delete the branch sbx/NAME\n"
+	 "  --force           discard uncommitted changes; lazy unmount if "
+	 "busy\n"
+	 "Refuses (exit 4) when the sandbox holds uncommitted work; the "
+	 "mount is then restored.\n"},
+	{"ls", cli_cmd_ls, "sbx ls [--json]", "list sessions",
+	 "  --json            print an array of status objects\n"},
+	{"status", cli_cmd_status, "sbx status NAME [--json]",
+	 "show one session", "  --json            print the status object\n"},
+	{"mount", cli_cmd_mount, "sbx mount NAME [DIR] [-f]",
+	 "mount an existing session again (after a crash or umount)",
+	 "  -f, --foreground  serve in this process until unmounted\n"
+	 "DIR defaults to the session's previous mountpoint.\n"},
+	{"umount", cli_cmd_umount, "sbx umount NAME [--force]",
+	 "unmount a session, keeping its sandbox",
+	 "  --force           lazy unmount when the mount is busy\n"},
+	{"snapshot", cli_cmd_snapshot, "sbx snapshot NAME [-m MSG]",
+	 "record the sandbox state; prints the snapshot id",
+	 "  -m, --message MSG snapshot message\n"},
+	{"snapshots", cli_cmd_snapshots, "sbx snapshots NAME [--json]",
+	 "list a session's snapshots, newest first",
+	 "  --json            print a JSON array\n"},
+	{"restore", cli_cmd_restore, "sbx restore NAME SNAPSHOT",
+	 "return the sandbox to a snapshot; prints the id of the safety "
+	 "snapshot taken first",
+	 ""},
+	{"exec", cli_cmd_exec,
+	 "sbx exec NAME [-C DIR] [-e KEY=VALUE]... [-t|-T] -- CMD [ARG...]",
+	 "run a command inside the sandbox", ""},
+	{"shell", cli_cmd_shell, "sbx shell NAME",
+	 "interactive shell inside the sandbox", ""},
+	{"shim", cli_cmd_shim, "sbx shim install DIR [CMD...]",
+	 "install exec-shim symlinks into DIR", ""},
+	{"env", cli_cmd_env, "sbx env NAME",
+	 "print shell lines that put the shims on PATH", ""},
+	{"help", cli_cmd_help, "sbx help [COMMAND]", "show help", ""},
+	{"version", cli_cmd_version, "sbx version", "print the version", ""},
+};
+
+#define NCMDS (sizeof(cmds) / sizeof(cmds[0]))
+
+const struct cli_cmd *cli_cmd_find(const char *name)
+{
+	for (size_t i = 0; i < NCMDS; i++)
+		if (strcmp(cmds[i].name, name) == 0)
+			return &cmds[i];
+	return NULL;
+}
+
+void cli_print_help(const struct cli_cmd *c, FILE *f)
+{
+	fprintf(f, "usage: %s\n\n%s.\n", c->usage, c->summary);
+	if (c->help && *c->help)
+		fprintf(f, "\n%s", c->help);
+	fprintf(f, "  -h, --help        show this help\n");
+}
+
+static void print_overview(FILE *f)
+{
+	fprintf(f, "usage: sbx [--config FILE] COMMAND [ARGS]\n\n"
+		   "Sandboxes mounted as local directories.\n\ncommands:\n");
+	for (size_t i = 0; i < NCMDS; i++)
+		fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].summary);
+	fprintf(f, "\nglobal options:\n"
+		   "  --config FILE  extra configuration file (as $SBX_CONFIG)\n"
+		   "  --version      print the version\n"
+		   "  -h, --help     show this help\n"
+		   "\nenvironment: SBX_HOME (state), SBX_MOUNT_ROOT, "
+		   "SBX_CONFIG, SBX_LOG.\n"
+		   "`sbx help COMMAND` shows a command's options; exit codes "
+		   "are listed in docs/cli.md.\n");
+}
+
+int cli_report(int fallback)
+{
+	const struct sbx_error *e = sbx_error_last();
+
+	fprintf(stderr, "sbx: %s\n",
+		e->klass != SBX_ERR_NONE ? e->msg : "failed");
+	switch (e->klass) {
+	case SBX_ERR_NOTFOUND:
+		return CLI_EXIT_NOTFOUND;
+	case SBX_ERR_STATE:
+		return CLI_EXIT_REFUSED;
+	case SBX_ERR_CONFIG:
+		return CLI_EXIT_CONFIG;
+	default:
+		break;
+	}
+	if (e->code == -EBUSY)
+		return CLI_EXIT_REFUSED;
+	return fallback;
+}
+
+int cli_usage(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "sbx %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n(see `sbx help %s`)\n", cmd);
+	return CLI_EXIT_USAGE;
+}
+
+int cli_common_opt(const char *cmd, int opt)
+{
+	if (opt == 'h') {
+		cli_print_help(cli_cmd_find(cmd), stdout);
+		return CLI_EXIT_OK;
+	}
+	/* getopt already printed "unrecognized option". */
+	fprintf(stderr, "(see `sbx help %s`)\n", cmd);
+	return CLI_EXIT_USAGE;
+}
+
+int cli_check_name(const char *cmd, const char *name)
+{
+	if (sbx_name_validate(name) == 0)
+		return 0;
+	fprintf(stderr, "sbx %s: %s\n", cmd, sbx_error_last()->msg);
+	return CLI_EXIT_USAGE;
+}
+
+void cli_print_json(const cJSON *j)
+{
+	char *s = sbx_json_print(j, true);
+
+	printf("%s\n", s);
+	free(s);
+}
+
+int cli_cmd_help(int argc, char **argv)
+{
+	const struct cli_cmd *c;
+
+	if (argc < 2) {
+		print_overview(stdout);
+		return CLI_EXIT_OK;
+	}
+	c = cli_cmd_find(argv[1]);
+	if (!c)
+		return cli_usage("help", "unknown command '%s'", argv[1]);
+	cli_print_help(c, stdout);
+	return CLI_EXIT_OK;
+}
+
+int cli_cmd_version(int argc, char **argv)
+{
+	printf("sbx %s\n", SBX_VERSION);
+	return CLI_EXIT_OK;
+}
+
+int cli_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"config", required_argument, NULL, 'c'},
+		{"version", no_argument, NULL, 'V'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	const struct cli_cmd *c;
+	int opt;
+
+	sbx_log_init("sbx");
+	/* "+": stop at the subcommand; its options are its own. */
+	while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			cli_g.config_file = optarg;
+			break;
+		case 'V':
+			return cli_cmd_version(0, NULL);
+		case 'h':
+			print_overview(stdout);
+			return CLI_EXIT_OK;
+		default:
+			fprintf(stderr, "(see `sbx help`)\n");
+			return CLI_EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		print_overview(stderr);
+		return CLI_EXIT_USAGE;
+	}
+	c = cli_cmd_find(argv[optind]);
+	if (!c) {
+		fprintf(stderr, "sbx: unknown command '%s' (see `sbx help`)\n",
+			argv[optind]);
+		return CLI_EXIT_USAGE;
+	}
+	argc -= optind;
+	argv += optind;
+	optind = 0; /* full getopt re-initialisation for the subcommand */
+	return c->run(argc, argv);
+}

@@ -1,0 +1,158 @@
+/*
+ * sbx down: unmount, terminate the sandbox, forget the session.
+ *
+ * Order: unmount first, then terminate.  Unmounting flushes every dirty
+ * page and open file to the sandbox, so the provider's "uncommitted work?"
+ * check sees everything; terminating first could miss data still in the
+ * kernel's cache.  When terminate refuses (-EBUSY: uncommitted changes) the
+ * mount is restored, so a refused `down` changes nothing.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sbx/log.h"
+#include "sbx/paths.h"
+#include "sbx/provider.h"
+#include "sbx/state.h"
+#include "sbx/status.h"
+#include "cli_i.h"
+
+/* Remount after a refused terminate; reports both errors if that fails. */
+static void restore_mount(struct sbx_session *s, int lock)
+{
+	struct sbx_error refused = *sbx_error_last();
+
+	if (cli_daemon_start(s, lock) < 0 || sbx_state_save(s) < 0)
+		fprintf(stderr, "sbx: could not mount session %s again (%s); "
+				"run `sbx mount %s`\n", s->session,
+			sbx_error_last()->msg, s->session);
+	sbx_error_set(refused.klass, refused.code, "%s", refused.msg);
+}
+
+/* Best-effort removal of what belonged only to the session. */
+static void cleanup(const struct sbx_session *s)
+{
+	char *log = NULL;
+
+	if (sbx_paths_session_file(&log, "logs", s->session, ".log") == 0)
+		unlink(log);
+	free(log);
+	/* Only removes the directory if empty: never user files. */
+	if (s->mountpoint)
+		rmdir(s->mountpoint);
+	sbx_error_clear();
+}
+
+int cli_cmd_down(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"keep-sandbox", no_argument, NULL, 'k'},
+		{"delete-branch", no_argument, NULL, 'd'},
+		{"force", no_argument, NULL, 'f'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	struct sbx_provider *p = NULL;
+	struct sbx_session s;
+	bool keep = false, was_mounted;
+	unsigned flags = 0;
+	int opt, rc, lock = -1, ret = CLI_EXIT_FAIL;
+
+	sbx_session_init(&s);
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'k': keep = true; break;
+		case 'd': flags |= SBX_TERMINATE_DELETE_BRANCH; break;
+		case 'f': flags |= SBX_TERMINATE_FORCE; break;
+		default: return cli_common_opt("down", opt);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage("down", "expected one session NAME");
+	if (cli_check_name("down", argv[optind]))
+		return CLI_EXIT_USAGE;
+	if (keep && flags)
+		return cli_usage("down", "--keep-sandbox cannot be combined "
+					 "with --force or --delete-branch");
+
+	rc = cli_session_lock_load(&s, &lock, argv[optind]);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	was_mounted = sbx_status_mounted(&s);
+	rc = cli_daemon_stop(&s, flags & SBX_TERMINATE_FORCE);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	if (keep) {
+		s.state = SBX_STATE_STOPPED;
+		rc = sbx_state_save(&s);
+		ret = rc < 0 ? cli_report(CLI_EXIT_FAIL) : CLI_EXIT_OK;
+		goto out;
+	}
+
+	rc = cli_session_provider(&p, &s);
+	if (rc == 0)
+		rc = p->ops->terminate(p, s.session, flags);
+	if (rc == -ENOENT && sbx_error_last()->klass != SBX_ERR_CONFIG) {
+		/* Already gone at the provider: finish forgetting it. */
+		sbx_error_clear();
+		rc = 0;
+	}
+	if (rc < 0) {
+		rc = sbx_error_prefix(rc, "session %s", s.session);
+		if (rc == -EBUSY) {
+			if (was_mounted)
+				restore_mount(&s, lock);
+			else if (sbx_state_save(&s) < 0)
+				sbx_error_clear();
+			/* The provider's message says what holds the work. */
+			bool hinted = strstr(sbx_error_last()->msg, "--force");
+
+			ret = cli_report(CLI_EXIT_REFUSED);
+			if (!hinted)
+				fprintf(stderr,
+					"sbx: commit or snapshot the work, "
+					"or run `sbx down %s --force` to "
+					"discard it\n", s.session);
+			goto out;
+		}
+		/* Keep the record so `down` can be retried. */
+		{
+			struct sbx_error e = *sbx_error_last();
+
+			/* No "TerminateError" in the API: removing the
+			 * sandbox's files failed, so FileError. */
+			sbx_session_set_error(
+				&s, sbx_status_error_type(
+					    e.klass, SBX_STATUS_FILE_ERROR),
+				e.msg);
+			if (sbx_state_save(&s) < 0)
+				sbx_warn("could not save session %s",
+					 s.session);
+			sbx_error_set(e.klass, e.code, "%s", e.msg);
+		}
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	rc = sbx_state_remove(s.session);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	cleanup(&s);
+	ret = CLI_EXIT_OK;
+out:
+	sbx_provider_free(p);
+	sbx_state_unlock(lock);
+	sbx_session_fini(&s);
+	return ret;
+}

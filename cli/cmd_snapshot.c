@@ -1,0 +1,164 @@
+/* sbx snapshot / snapshots / restore: provider snapshots of a session. */
+#include "config.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cjson/cJSON.h>
+
+#include "sbx/json.h"
+#include "sbx/provider.h"
+#include "sbx/state.h"
+#include "cli_i.h"
+
+int cli_cmd_snapshot(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"message", required_argument, NULL, 'm'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	struct sbx_provider *p = NULL;
+	struct sbx_session s;
+	const char *msg = NULL;
+	char *id = NULL;
+	int opt, rc, lock = -1, ret;
+
+	sbx_session_init(&s);
+	while ((opt = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'm': msg = optarg; break;
+		default: return cli_common_opt("snapshot", opt);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage("snapshot", "expected one session NAME");
+	if (cli_check_name("snapshot", argv[optind]))
+		return CLI_EXIT_USAGE;
+	rc = cli_session_lock_load(&s, &lock, argv[optind]);
+	if (rc == 0)
+		rc = cli_session_provider(&p, &s);
+	if (rc == 0)
+		rc = p->ops->snapshot(p, s.session, msg ? msg : "sbx snapshot",
+				      &id);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+	} else {
+		printf("%s\n", id);
+		ret = CLI_EXIT_OK;
+	}
+	free(id);
+	sbx_provider_free(p);
+	sbx_state_unlock(lock);
+	sbx_session_fini(&s);
+	return ret;
+}
+
+struct list_ctx {
+	bool json;
+	cJSON *arr;
+};
+
+static int print_snap(const struct sbx_snapshot_info *snap, void *payload)
+{
+	struct list_ctx *ctx = payload;
+	char when[32];
+
+	sbx_json_time_format(when, sizeof(when), snap->created_at);
+	if (ctx->json) {
+		cJSON *o = cJSON_CreateObject();
+
+		sbx_json_set_str(o, "id", snap->id);
+		sbx_json_set_str(o, "created_at", when);
+		sbx_json_set_str(o, "message", snap->message);
+		cJSON_AddItemToArray(ctx->arr, o);
+	} else {
+		printf("%s  %s  %s\n", snap->id, when,
+		       snap->message ? snap->message : "");
+	}
+	return 0;
+}
+
+int cli_cmd_snapshots(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	struct list_ctx ctx = {0};
+	struct sbx_provider *p = NULL;
+	struct sbx_session s;
+	int opt, rc, ret;
+
+	sbx_session_init(&s);
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'j': ctx.json = true; break;
+		default: return cli_common_opt("snapshots", opt);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage("snapshots", "expected one session NAME");
+	if (cli_check_name("snapshots", argv[optind]))
+		return CLI_EXIT_USAGE;
+	ctx.arr = cJSON_CreateArray();
+	/* Read-only: listing refs needs no lock. */
+	rc = sbx_state_load(&s, argv[optind]);
+	if (rc == 0)
+		rc = cli_session_provider(&p, &s);
+	if (rc == 0)
+		rc = p->ops->snapshots(p, s.session, print_snap, &ctx);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+	} else {
+		if (ctx.json)
+			cli_print_json(ctx.arr);
+		ret = CLI_EXIT_OK;
+	}
+	cJSON_Delete(ctx.arr);
+	sbx_provider_free(p);
+	sbx_session_fini(&s);
+	return ret;
+}
+
+int cli_cmd_restore(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	struct sbx_provider *p = NULL;
+	struct sbx_session s;
+	char *saved = NULL;
+	int opt, rc, lock = -1, ret;
+
+	sbx_session_init(&s);
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1)
+		return cli_common_opt("restore", opt);
+	if (argc - optind != 2)
+		return cli_usage("restore", "expected NAME SNAPSHOT");
+	if (cli_check_name("restore", argv[optind]))
+		return CLI_EXIT_USAGE;
+	rc = cli_session_lock_load(&s, &lock, argv[optind]);
+	if (rc == 0)
+		rc = cli_session_provider(&p, &s);
+	if (rc == 0)
+		rc = p->ops->restore(p, s.session, argv[optind + 1], &saved);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+	} else {
+		if (saved) {
+			printf("%s\n", saved);
+			fprintf(stderr, "sbx: the previous state was saved as "
+					"snapshot %s\n", saved);
+		}
+		ret = CLI_EXIT_OK;
+	}
+	free(saved);
+	sbx_provider_free(p);
+	sbx_state_unlock(lock);
+	sbx_session_fini(&s);
+	return ret;
+}

@@ -1,0 +1,438 @@
+/* sbx up: get-or-create a session's sandbox and mount it. */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "sbx/config.h"
+#include "sbx/json.h"
+#include "sbx/log.h"
+#include "sbx/paths.h"
+#include "sbx/provider.h"
+#include "sbx/state.h"
+#include "sbx/status.h"
+#include "sbx/xmalloc.h"
+#include "cli_i.h"
+
+struct up_opts {
+	const char *name;
+	const char *provider;
+	const char *repo;
+	const char *ref;
+	const char *mount;
+	const char *config;
+	bool carry;
+	bool isolate;
+	bool json;
+};
+
+/* Session name from the repository directory name plus 4 random hex. */
+static int gen_name(char **out, const char *repo)
+{
+	char *top = NULL, base[48];
+	const char *b = "sbx";
+	unsigned char rnd[2];
+	size_t n = 0;
+	int rc;
+
+	*out = NULL;
+	rc = sbx_paths_git_toplevel(&top, repo);
+	if (rc == 0) {
+		b = strrchr(top, '/') + 1;
+		if (!*b)
+			b = "sbx";
+	} else {
+		sbx_error_clear();
+	}
+	/* Map the directory name onto the allowed alphabet. */
+	for (const char *p = b; *p && n < sizeof(base) - 1; p++) {
+		char c = *p;
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+		      c == '.'))
+			c = '-';
+		if (n == 0 && (c == '.' || c == '-'))
+			continue;
+		base[n++] = c;
+	}
+	base[n] = '\0';
+	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd)) {
+		unsigned long t = (unsigned long)time(NULL) ^
+				  (unsigned long)getpid();
+
+		rnd[0] = (unsigned char)t;
+		rnd[1] = (unsigned char)(t >> 8);
+	}
+	*out = sbx_xasprintf("%s-%02x%02x", n ? base : "sbx", rnd[0], rnd[1]);
+	free(top);
+	return 0;
+}
+
+/* Print the result: the mountpoint, or the status object. */
+static void print_result(const struct sbx_session *s, bool json)
+{
+	if (json) {
+		cJSON *j = sbx_status_new(s);
+
+		cli_print_json(j);
+		cJSON_Delete(j);
+	} else {
+		printf("%s\n", s->mountpoint);
+	}
+}
+
+/* Fill the record from what the provider reported. */
+static void take_info(struct sbx_session *s, const struct sbx_sandbox_info *i)
+{
+	free(s->sandbox_id);
+	s->sandbox_id = i->sandbox_id ? sbx_xstrdup(i->sandbox_id) : NULL;
+	free(s->workdir);
+	s->workdir = i->workdir ? sbx_xstrdup(i->workdir) : NULL;
+	free(s->isolation);
+	s->isolation = i->isolation ? sbx_xstrdup(i->isolation) : NULL;
+	s->state = i->state;
+	s->remote = i->remote;
+	if (i->created_at)
+		s->created_at = i->created_at;
+}
+
+/*
+ * Mount an existing session whose daemon is not serving.  `mount_dir`
+ * overrides the recorded mountpoint.
+ */
+static int remount(struct sbx_session *s, const char *mount_dir,
+		   const cJSON *cfg, int lock_fd)
+{
+	char *mp = NULL, *dflt = NULL, *root = NULL;
+	bool created;
+	int rc;
+
+	if (!mount_dir && !s->mountpoint) {
+		rc = sbx_config_mount_root(&root, cfg);
+		if (rc < 0)
+			return rc;
+		dflt = sbx_xasprintf("%s/%s", root, s->session);
+	}
+	/* A daemon that is alive but not mounted is useless: end it. */
+	rc = cli_daemon_stop(s, true);
+	if (rc < 0)
+		goto out;
+	rc = cli_mountpoint_prepare(&mp, &created,
+				    mount_dir ? mount_dir
+					      : dflt ? dflt : s->mountpoint,
+				    s->session);
+	if (rc < 0)
+		goto out;
+	free(s->mountpoint);
+	s->mountpoint = mp;
+	rc = cli_daemon_start(s, lock_fd);
+	if (rc < 0) {
+		char msg[sizeof(sbx_error_last()->msg)];
+		int klass = sbx_error_last()->klass;
+
+		memcpy(msg, sbx_error_last()->msg, sizeof(msg));
+		sbx_session_set_error(
+			s, sbx_status_error_type(klass, SBX_STATUS_FILE_ERROR),
+			msg);
+		if (sbx_state_save(s) == 0)
+			sbx_error_set(klass, rc, "%s", msg);
+		if (created)
+			rmdir(s->mountpoint);
+		goto out;
+	}
+	sbx_session_set_error(s, NULL, NULL);
+	/* `down --keep-sandbox` left it stopped; serving it again. */
+	if (s->state == SBX_STATE_STOPPED || s->state == SBX_STATE_ERROR)
+		s->state = SBX_STATE_READY;
+	rc = sbx_state_save(s);
+out:
+	free(root);
+	free(dflt);
+	return rc;
+}
+
+/* Create a new session: provider create, record, mount. */
+static int create(struct sbx_session *s, const struct up_opts *o,
+		  const cJSON *cfg, int lock_fd, int *exit_out)
+{
+	struct sbx_sandbox_info info;
+	struct sbx_provider *p = NULL;
+	struct sbx_create_opts co;
+	const char *pname = sbx_config_provider(cfg);
+	const cJSON *section = sbx_config_section(cfg, pname);
+	char *repo = NULL, *root = NULL, *dflt = NULL, *mp = NULL;
+	bool created_mp = false, recorded = false;
+	int rc;
+
+	memset(&info, 0, sizeof(info));
+	*exit_out = CLI_EXIT_FAIL;
+
+	/* Check every input before changing anything. */
+	if (strcmp(pname, "local") == 0 || o->repo) {
+		rc = sbx_paths_git_toplevel(&repo, o->repo);
+		if (rc < 0)
+			goto out;
+	}
+	if (!o->mount) {
+		rc = sbx_config_mount_root(&root, cfg);
+		if (rc < 0)
+			goto out;
+		dflt = sbx_xasprintf("%s/%s", root, s->session);
+	}
+	rc = sbx_provider_new(&p, pname, section);
+	if (rc < 0)
+		goto out;
+	rc = cli_mountpoint_prepare(&mp, &created_mp,
+				    o->mount ? o->mount : dflt, s->session);
+	if (rc < 0)
+		goto out;
+
+	/* Record "creating" first so a crash leaves a trace to clean up. */
+	s->provider = sbx_xstrdup(pname);
+	s->provider_config = section ? cJSON_Duplicate(section, 1)
+				     : cJSON_CreateObject();
+	s->state = SBX_STATE_CREATING;
+	s->mountpoint = mp;
+	mp = NULL;
+	s->repo = repo ? sbx_xstrdup(repo) : NULL;
+	s->created_at = time(NULL);
+	rc = sbx_state_save(s);
+	if (rc < 0)
+		goto out;
+	recorded = true;
+
+	memset(&co, 0, sizeof(co));
+	co.session = s->session;
+	co.repo = repo;
+	co.ref = o->ref;
+	co.carry_changes = o->carry;
+	co.options = section;
+	rc = p->ops->create(p, &co, &info);
+	if (rc == -EEXIST) {
+		/*
+		 * The provider still has it although we have no record (lost
+		 * state, or `down` failed half-way): adopt it.
+		 */
+		sbx_error_clear();
+		fprintf(stderr, "sbx: reusing the existing sandbox of "
+				"session %s\n", s->session);
+		rc = p->ops->get(p, s->session, &info);
+	}
+	if (rc < 0) {
+		*exit_out = CLI_EXIT_CREATE;
+		rc = sbx_error_prefix(rc, "create sandbox for session %s",
+				      s->session);
+		goto out;
+	}
+	take_info(s, &info);
+	if (s->state == SBX_STATE_CREATING)
+		s->state = SBX_STATE_READY;
+	rc = sbx_state_save(s);
+	if (rc < 0)
+		goto out;
+	recorded = false; /* from here on, the record stays */
+	created_mp = false;
+
+	rc = remount(s, NULL, cfg, lock_fd);
+	if (rc < 0)
+		rc = sbx_error_prefix(rc, "sandbox %s created, but mounting "
+				      "it failed (retry with `sbx mount %s`)",
+				      s->sandbox_id ? s->sandbox_id : "",
+				      s->session);
+out:
+	if (recorded) {
+		/* Undo our record, keeping the error being reported. */
+		struct sbx_error saved = *sbx_error_last();
+
+		if (sbx_state_remove(s->session) < 0)
+			sbx_warn("could not remove the record of session %s",
+				 s->session);
+		sbx_error_set(saved.klass, saved.code, "%s", saved.msg);
+	}
+	if (created_mp && rc < 0 && s->mountpoint)
+		rmdir(s->mountpoint);
+	sbx_sandbox_info_fini(&info);
+	sbx_provider_free(p);
+	free(mp);
+	free(dflt);
+	free(root);
+	free(repo);
+	return rc;
+}
+
+/*
+ * A record left in "creating" by a crashed `sbx up`: adopt the sandbox if
+ * the provider has it (returns 0), else drop the record (returns -ENOENT
+ * with NOTFOUND, so the caller creates afresh).
+ */
+static int recover(struct sbx_session *s)
+{
+	struct sbx_sandbox_info info;
+	struct sbx_provider *p = NULL;
+	int rc;
+
+	memset(&info, 0, sizeof(info));
+	rc = cli_session_provider(&p, s);
+	if (rc < 0)
+		return rc;
+	rc = p->ops->get(p, s->session, &info);
+	if (rc == 0) {
+		take_info(s, &info);
+		if (s->state == SBX_STATE_CREATING)
+			s->state = SBX_STATE_READY;
+		rc = sbx_state_save(s);
+	} else if (rc == -ENOENT) {
+		rc = sbx_state_remove(s->session);
+		if (rc == 0)
+			rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
+					   "no session %s", s->session);
+	}
+	sbx_sandbox_info_fini(&info);
+	sbx_provider_free(p);
+	return rc;
+}
+
+int cli_cmd_up(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"provider", required_argument, NULL, 'p'},
+		{"repo", required_argument, NULL, 'r'},
+		{"ref", required_argument, NULL, 'R'},
+		{"carry-changes", no_argument, NULL, 'c'},
+		{"mount", required_argument, NULL, 'm'},
+		{"isolate", no_argument, NULL, 'i'},
+		{"config", required_argument, NULL, 'C'},
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	struct up_opts o = {0};
+	struct sbx_session s;
+	struct sbx_config_opts copts = {0};
+	cJSON *flags = NULL, *cfg = NULL;
+	char *name = NULL;
+	bool generated = false;
+	int opt, rc, lock = -1, ret = CLI_EXIT_FAIL;
+
+	sbx_session_init(&s);
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'p': o.provider = optarg; break;
+		case 'r': o.repo = optarg; break;
+		case 'R': o.ref = optarg; break;
+		case 'c': o.carry = true; break;
+		case 'm': o.mount = optarg; break;
+		case 'i': o.isolate = true; break;
+		case 'C': o.config = optarg; break;
+		case 'j': o.json = true; break;
+		default: return cli_common_opt("up", opt);
+		}
+	}
+	if (argc - optind > 1)
+		return cli_usage("up", "too many arguments");
+	if (optind < argc) {
+		o.name = argv[optind];
+		if (cli_check_name("up", o.name))
+			return CLI_EXIT_USAGE;
+	}
+	if (o.mount && !*o.mount)
+		return cli_usage("up", "--mount needs a directory");
+
+	flags = cJSON_CreateObject();
+	if (o.provider)
+		sbx_json_set_str(flags, "provider", o.provider);
+	if (o.isolate) {
+		cJSON *local = cJSON_CreateObject();
+
+		sbx_json_set_str(local, "isolation", "bwrap");
+		sbx_json_set_take(flags, "local", local);
+	}
+	copts.repo = o.repo;
+	copts.config_file = o.config ? o.config : cli_g.config_file;
+	copts.flags = flags;
+	rc = sbx_config_load(&cfg, &copts);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_CONFIG);
+		goto out;
+	}
+	if (o.isolate && strcmp(sbx_config_provider(cfg), "local") != 0) {
+		ret = cli_usage("up", "--isolate applies to the local "
+				      "provider only");
+		goto out;
+	}
+
+	if (o.name) {
+		name = sbx_xstrdup(o.name);
+	} else {
+		/* Avoid the rare clash with an existing session. */
+		for (int i = 0; i < 8; i++) {
+			free(name);
+			rc = gen_name(&name, o.repo);
+			if (rc < 0 || !sbx_state_exists(name))
+				break;
+		}
+		generated = true;
+	}
+
+	rc = sbx_state_lock(&lock, name, true, CLI_LOCK_TIMEOUT_MS);
+	if (rc < 0) {
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	rc = sbx_state_load(&s, name);
+	if (rc == 0 && s.state == SBX_STATE_CREATING) {
+		rc = recover(&s);
+		if (rc < 0)
+			sbx_session_fini(&s);
+	}
+	if (rc == 0) {
+		if (sbx_status_mounted(&s)) {
+			if (o.mount)
+				fprintf(stderr, "sbx: session %s is already "
+						"mounted at %s; --mount "
+						"ignored\n", name,
+					s.mountpoint);
+			print_result(&s, o.json);
+			ret = CLI_EXIT_OK;
+			goto out;
+		}
+		rc = remount(&s, o.mount, cfg, lock);
+		if (rc < 0) {
+			ret = cli_report(CLI_EXIT_FAIL);
+			goto out;
+		}
+	} else if (rc == -ENOENT &&
+		   sbx_error_last()->klass == SBX_ERR_NOTFOUND) {
+		sbx_error_clear();
+		sbx_session_init(&s);
+		s.session = sbx_xstrdup(name);
+		rc = create(&s, &o, cfg, lock, &ret);
+		if (rc < 0) {
+			ret = cli_report(ret);
+			goto out;
+		}
+		if (generated && !o.json)
+			fprintf(stderr, "sbx: session %s\n", name);
+	} else {
+		ret = cli_report(CLI_EXIT_FAIL);
+		goto out;
+	}
+	print_result(&s, o.json);
+	ret = CLI_EXIT_OK;
+out:
+	sbx_state_unlock(lock);
+	sbx_session_fini(&s);
+	cJSON_Delete(cfg);
+	cJSON_Delete(flags);
+	free(name);
+	return ret;
+}
