@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
@@ -175,11 +176,28 @@ static int p_readlink(struct sbx_sandbox *sb, struct sbx_node *node,
 	return (int)n;
 }
 
+/*
+ * Bracket an entry-changing system call with the event it will cause, so
+ * the change stream does not invalidate what the kernel already knows.
+ * Evaluates `call` (an int < 0 on failure, errno set) and returns its rc.
+ */
+#define EXPECTING(sb, dir, name, mask, call)                                   \
+	({                                                                     \
+		struct plocal_expect *e_ =                                     \
+			plocal_expect_begin(PSB(sb), PNODE(dir), name, mask);  \
+		int rc_ = (call);                                              \
+		int errno_ = errno;                                            \
+		plocal_expect_end(PSB(sb), e_, rc_ >= 0);                      \
+		errno = errno_;                                                \
+		rc_;                                                           \
+	})
+
 static int p_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name, mode_t mode, dev_t rdev,
 		   struct sbx_node **out, struct stat *st)
 {
-	if (mknodat(PNODE(parent)->fd, name, mode, rdev) < 0)
+	if (EXPECTING(sb, parent, name, IN_CREATE,
+		      mknodat(PNODE(parent)->fd, name, mode, rdev)) < 0)
 		return os_err("mknod", name);
 	return p_lookup(sb, parent, name, out, st);
 }
@@ -188,7 +206,8 @@ static int p_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name, mode_t mode, struct sbx_node **out,
 		   struct stat *st)
 {
-	if (mkdirat(PNODE(parent)->fd, name, mode) < 0)
+	if (EXPECTING(sb, parent, name, IN_CREATE | IN_ISDIR,
+		      mkdirat(PNODE(parent)->fd, name, mode)) < 0)
 		return os_err("mkdir", name);
 	return p_lookup(sb, parent, name, out, st);
 }
@@ -197,7 +216,8 @@ static int p_symlink(struct sbx_sandbox *sb, const char *target,
 		     struct sbx_node *parent, const char *name,
 		     struct sbx_node **out, struct stat *st)
 {
-	if (symlinkat(target, PNODE(parent)->fd, name) < 0)
+	if (EXPECTING(sb, parent, name, IN_CREATE,
+		      symlinkat(target, PNODE(parent)->fd, name)) < 0)
 		return os_err("symlink", name);
 	return p_lookup(sb, parent, name, out, st);
 }
@@ -210,8 +230,9 @@ static int p_link(struct sbx_sandbox *sb, struct sbx_node *node,
 
 	procname(proc, PNODE(node)->fd);
 	/* AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH; /proc does not. */
-	if (linkat(AT_FDCWD, proc, PNODE(newparent)->fd, newname,
-		   AT_SYMLINK_FOLLOW) < 0)
+	if (EXPECTING(sb, newparent, newname, IN_CREATE,
+		      linkat(AT_FDCWD, proc, PNODE(newparent)->fd, newname,
+			     AT_SYMLINK_FOLLOW)) < 0)
 		return os_err("link", newname);
 	return p_lookup(sb, newparent, newname, out, st);
 }
@@ -219,7 +240,8 @@ static int p_link(struct sbx_sandbox *sb, struct sbx_node *node,
 static int p_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name)
 {
-	if (unlinkat(PNODE(parent)->fd, name, 0) < 0)
+	if (EXPECTING(sb, parent, name, IN_DELETE,
+		      unlinkat(PNODE(parent)->fd, name, 0)) < 0)
 		return os_err("unlink", name);
 	return 0;
 }
@@ -227,7 +249,8 @@ static int p_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
 static int p_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name)
 {
-	if (unlinkat(PNODE(parent)->fd, name, AT_REMOVEDIR) < 0)
+	if (EXPECTING(sb, parent, name, IN_DELETE | IN_ISDIR,
+		      unlinkat(PNODE(parent)->fd, name, AT_REMOVEDIR)) < 0)
 		return os_err("rmdir", name);
 	return 0;
 }
@@ -236,8 +259,29 @@ static int p_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name, struct sbx_node *newparent,
 		    const char *newname, unsigned flags)
 {
-	if (renameat2(PNODE(parent)->fd, name, PNODE(newparent)->fd, newname,
-		      flags) < 0)
+	struct plocal_expect *from = NULL, *to = NULL;
+	int rc, err;
+
+	/* An exchange reports moves both ways; let those invalidate. */
+	if (!(flags & RENAME_EXCHANGE)) {
+		struct stat st;
+		uint32_t dir = 0;
+
+		if (fstatat(PNODE(parent)->fd, name, &st,
+			    AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+			dir = IN_ISDIR;
+		from = plocal_expect_begin(PSB(sb), PNODE(parent), name,
+					   IN_MOVED_FROM | dir);
+		to = plocal_expect_begin(PSB(sb), PNODE(newparent), newname,
+					 IN_MOVED_TO | dir);
+	}
+	rc = renameat2(PNODE(parent)->fd, name, PNODE(newparent)->fd, newname,
+		       flags);
+	err = errno;
+	plocal_expect_end(PSB(sb), from, rc == 0);
+	plocal_expect_end(PSB(sb), to, rc == 0);
+	errno = err;
+	if (rc < 0)
 		return os_err("rename", name);
 	return 0;
 }
@@ -280,8 +324,13 @@ static int p_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	int fd, rc;
 
-	fd = openat(PNODE(parent)->fd, name,
-		    (flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW, mode);
+	flags = (flags | O_CLOEXEC) & ~O_NOFOLLOW;
+	/* Exclusive first, so we know whether IN_CREATE will come. */
+	fd = EXPECTING(sb, parent, name, IN_CREATE,
+		       openat(PNODE(parent)->fd, name, flags | O_CREAT | O_EXCL,
+			      mode));
+	if (fd < 0 && errno == EEXIST && !(flags & O_EXCL))
+		fd = openat(PNODE(parent)->fd, name, flags & ~O_CREAT, mode);
 	if (fd < 0)
 		return os_err("create", name);
 	rc = p_lookup(sb, parent, name, node_out, st);

@@ -96,6 +96,22 @@ int plocal_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
 int plocal_watch_sync(struct sbx_sandbox *sb);
 void plocal_watch_stop(struct sbx_sandbox *sb);
 
+/*
+ * Our own changes through the mount need no invalidation: the kernel
+ * learnt of them from the FUSE reply.  Before an entry-changing system
+ * call, the data plane registers the inotify event it will cause
+ * (IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO in directory `dir`),
+ * and the watcher drops that one event instead of invalidating.  After
+ * the call, plocal_expect_end() says whether it succeeded.  Returns NULL
+ * (nothing to do) when no change stream runs.  Thread-safe.
+ */
+struct plocal_expect;
+struct plocal_expect *plocal_expect_begin(struct plocal_sandbox *s,
+					  const struct plocal_node *dir,
+					  const char *name, uint32_t mask);
+void plocal_expect_end(struct plocal_sandbox *s, struct plocal_expect *e,
+		       bool ok);
+
 /* --- plocal_exec.c ------------------------------------------------------- */
 int plocal_exec_start(struct sbx_sandbox *sb,
 		      const struct sbx_exec_request *req,

@@ -36,8 +36,9 @@
 	(IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY |     \
 	 IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
 
-/* How long the watcher lets a burst of events accumulate. */
+/* In a burst (BURST_EVENTS read at once), let events accumulate this long. */
 #define COALESCE_MS 5
+#define BURST_EVENTS 64
 
 /* How long the exec barrier waits for the watcher before giving up. */
 #define SYNC_TIMEOUT_SEC 30
@@ -46,6 +47,25 @@ struct wdir {
 	char *path; /* absolute */
 	dev_t dev;
 	ino_t ino;
+};
+
+/* An event our own system call will cause (see plocal_i.h). */
+struct plocal_expect {
+	dev_t dev;       /* the directory */
+	ino_t ino;
+	uint32_t mask;   /* IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO */
+	bool consumed;   /* the watcher saw the event */
+	bool ended;      /* the system call has returned */
+	struct plocal_expect *next;
+	char name[];
+};
+
+/* A change to emit from the watcher thread (never from a FUSE request). */
+struct deferred {
+	dev_t dev;
+	ino_t ino;
+	struct deferred *next;
+	char name[];
 };
 
 struct plocal_watch {
@@ -67,6 +87,8 @@ struct plocal_watch {
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	struct plocal_expect *expect; /* protected by lock */
+	struct deferred *deferred;    /* protected by lock */
 	uint64_t req_gen;  /* protected by lock */
 	uint64_t done_gen; /* protected by lock */
 	bool stop;         /* protected by lock */
@@ -221,6 +243,139 @@ static void settle_move(struct plocal_watch *w)
 	w->move_cookie = 0;
 }
 
+/*
+ * Is this event one our own system call announced?  Consumes the first
+ * matching expectation.  Events of one name cannot merge in the inotify
+ * queue (a second IN_CREATE needs an IN_DELETE between), so one event
+ * answers one expectation exactly.
+ */
+static bool expect_consume(struct plocal_watch *w, const struct wdir *dir,
+			   const char *name, uint32_t mask)
+{
+	struct plocal_expect **pp, *e;
+	bool found = false;
+
+	mask &= IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO;
+	pthread_mutex_lock(&w->lock);
+	for (pp = &w->expect; (e = *pp); pp = &e->next) {
+		if (e->mask != mask || e->ino != dir->ino ||
+		    e->dev != dir->dev || strcmp(e->name, name) != 0)
+			continue;
+		*pp = e->next;
+		found = true;
+		if (e->ended)
+			free(e);
+		else
+			e->consumed = true; /* plocal_expect_end frees it */
+		break;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return found;
+}
+
+/* Forget every expectation (events were lost: all is invalidated). */
+static void expect_clear(struct plocal_watch *w)
+{
+	struct plocal_expect *e, *next;
+
+	pthread_mutex_lock(&w->lock);
+	for (e = w->expect; e; e = next) {
+		next = e->next;
+		if (e->ended)
+			free(e);
+		else
+			e->consumed = true;
+	}
+	w->expect = NULL;
+	pthread_mutex_unlock(&w->lock);
+}
+
+static void emit_deferred(struct plocal_watch *w)
+{
+	struct deferred *d, *next;
+
+	pthread_mutex_lock(&w->lock);
+	d = w->deferred;
+	w->deferred = NULL;
+	pthread_mutex_unlock(&w->lock);
+	for (; d; d = next) {
+		struct wdir dir = {.dev = d->dev, .ino = d->ino};
+
+		next = d->next;
+		emit(w, SBX_CHANGE_ENTRY, &dir, d->name, NULL);
+		free(d);
+	}
+}
+
+struct plocal_expect *plocal_expect_begin(struct plocal_sandbox *s,
+					  const struct plocal_node *dir,
+					  const char *name, uint32_t mask)
+{
+	struct plocal_watch *w = s->watch;
+	size_t len = strlen(name);
+	struct plocal_expect *e;
+
+	if (!w)
+		return NULL;
+	e = sbx_xmalloc(sizeof(*e) + len + 1);
+	e->dev = dir->dev;
+	e->ino = dir->ino;
+	e->mask = mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO);
+	e->consumed = false;
+	e->ended = false;
+	memcpy(e->name, name, len + 1);
+	pthread_mutex_lock(&w->lock);
+	e->next = w->expect;
+	w->expect = e;
+	pthread_mutex_unlock(&w->lock);
+	return e;
+}
+
+void plocal_expect_end(struct plocal_sandbox *s, struct plocal_expect *e,
+		       bool ok)
+{
+	struct plocal_watch *w = s->watch;
+	struct plocal_expect **pp;
+	uint64_t one = 1;
+	bool wake = false;
+
+	if (!e)
+		return;
+	pthread_mutex_lock(&w->lock);
+	if (e->consumed) {
+		if (!ok) {
+			/*
+			 * The event we swallowed was someone else's (our call
+			 * failed): have the watcher invalidate after all.  Not
+			 * from here, inside a FUSE request holding the
+			 * directory lock the notification needs.
+			 */
+			size_t len = strlen(e->name);
+			struct deferred *d = sbx_xmalloc(sizeof(*d) + len + 1);
+
+			d->dev = e->dev;
+			d->ino = e->ino;
+			memcpy(d->name, e->name, len + 1);
+			d->next = w->deferred;
+			w->deferred = d;
+			wake = true;
+		}
+		free(e);
+	} else if (!ok) {
+		for (pp = &w->expect; *pp && *pp != e; pp = &(*pp)->next)
+			;
+		if (*pp)
+			*pp = e->next;
+		free(e);
+	} else {
+		e->ended = true; /* the watcher frees it when the event comes */
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (wake && write(w->efd, &one, sizeof(one)) < 0) {
+		/* The counter cannot overflow in practice. */
+	}
+}
+
 static void handle(struct plocal_watch *w, const struct inotify_event *ev)
 {
 	struct wdir *dir;
@@ -228,6 +383,7 @@ static void handle(struct plocal_watch *w, const struct inotify_event *ev)
 	char *path;
 
 	if (ev->mask & IN_Q_OVERFLOW) {
+		expect_clear(w);
 		emit(w, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
 		return;
 	}
@@ -256,7 +412,8 @@ static void handle(struct plocal_watch *w, const struct inotify_event *ev)
 
 	path = sbx_xasprintf("%s/%s", dir->path, ev->name);
 	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
-		emit(w, SBX_CHANGE_ENTRY, dir, ev->name, NULL);
+		if (!expect_consume(w, dir, ev->name, ev->mask))
+			emit(w, SBX_CHANGE_ENTRY, dir, ev->name, NULL);
 		if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
 			w->move_cookie = ev->cookie;
 			w->move_path = path;
@@ -286,9 +443,11 @@ static void handle(struct plocal_watch *w, const struct inotify_event *ev)
 	free(path);
 }
 
-/* Read and handle everything queued now.  Returns false on a fatal error. */
-static bool drain(struct plocal_watch *w)
+/* Read and handle everything queued now: the number of events, or -1. */
+static long drain(struct plocal_watch *w)
 {
+	long count = 0;
+
 	char buf[64 * 1024]
 		__attribute__((aligned(__alignof__(struct inotify_event))));
 
@@ -301,18 +460,19 @@ static bool drain(struct plocal_watch *w)
 			if (errno == EAGAIN)
 				break;
 			sbx_error("inotify read: %s", strerror(errno));
-			return false;
+			return -1;
 		}
 		for (char *p = buf; p < buf + n;) {
 			const struct inotify_event *ev = (void *)p;
 
 			handle(w, ev);
 			p += sizeof(*ev) + ev->len;
+			count++;
 		}
 	}
 	/* A move whose partner is not queued by now left the tree. */
 	settle_move(w);
-	return true;
+	return count;
 }
 
 static void *watcher(void *arg)
@@ -323,17 +483,21 @@ static void *watcher(void *arg)
 		{.fd = w->efd, .events = POLLIN},
 	};
 
+	bool busy = false;
+
 	for (;;) {
 		uint64_t gen = 0, v;
 		bool stop;
+		long n;
 
 		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
 			break;
-		if (!(pfd[1].revents & POLLIN)) {
+		if (busy && !(pfd[1].revents & POLLIN)) {
 			/*
-			 * Let a burst settle so that inotify merges repeated
-			 * events (a large write is one event, not thousands);
-			 * a barrier request cuts the wait short.
+			 * In a burst, let events accumulate so that inotify
+			 * merges repeated ones (a large write becomes a few
+			 * events, not thousands).  Isolated changes are
+			 * handled at once; a barrier request cuts the wait.
 			 */
 			poll(&pfd[1], 1, COALESCE_MS);
 		}
@@ -347,10 +511,13 @@ static void *watcher(void *arg)
 		pthread_mutex_unlock(&w->lock);
 		if (stop)
 			break;
-		if (!drain(w)) {
+		n = drain(w);
+		busy = n >= BURST_EVENTS;
+		if (n < 0) {
 			emit(w, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
 			break;
 		}
+		emit_deferred(w);
 		pthread_mutex_lock(&w->lock);
 		if (gen > w->done_gen) {
 			w->done_gen = gen;
@@ -373,6 +540,18 @@ static void watch_free(struct plocal_watch *w)
 	for (size_t i = 0; i < w->nwds; i++)
 		drop_wd(w, (int)i);
 	free(w->wds);
+	while (w->expect) {
+		struct plocal_expect *e = w->expect;
+
+		w->expect = e->next;
+		free(e);
+	}
+	while (w->deferred) {
+		struct deferred *d = w->deferred;
+
+		w->deferred = d->next;
+		free(d);
+	}
 	free(w->move_path);
 	if (w->ifd >= 0)
 		close(w->ifd);
