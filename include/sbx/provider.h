@@ -215,6 +215,13 @@ struct sbx_change {
 	const char *name;     /* entry name in dir, NULL when not about a name */
 	dev_t dev;            /* the changed object itself */
 	ino_t ino;            /* (0 when unknown) */
+	/*
+	 * Path-based providers (remote) name the object by its path relative
+	 * to the sandbox root instead ("" is the root; NULL when unused).
+	 * For ENTRY it is the entry's path ("dir/name"); the caching layer
+	 * resolves it and fills in the identities above for the daemon.
+	 */
+	const char *path;
 };
 
 #define SBX_CHANGE_ENTRY 1    /* name appeared/disappeared in dir */
@@ -241,6 +248,37 @@ struct sbx_open_result {
 	bool keep_cache;  /* page cache still valid for this file */
 	bool direct_io;   /* bypass the page cache (e.g. /proc-like files) */
 	bool nonseekable;
+};
+
+/*
+ * One record of a bulk walk (see bulk below).  Borrowed for the callback.
+ * A DIR record lists a directory completely; a FILE record carries the
+ * whole content of a small regular file.
+ */
+struct sbx_bulk_entry {
+	const char *name;
+	struct stat st;
+};
+
+struct sbx_bulk_item {
+	int kind;                /* SBX_BULK_DIR or SBX_BULK_FILE */
+	const char *path;        /* relative to the sandbox root */
+	struct stat st;          /* of the directory / file */
+	const struct sbx_bulk_entry *entries; /* DIR: all entries */
+	size_t nentries;
+	const void *data;        /* FILE: the content, st.st_size bytes */
+	size_t len;
+};
+
+#define SBX_BULK_DIR 1
+#define SBX_BULK_FILE 2
+
+typedef int (*sbx_bulk_cb)(const struct sbx_bulk_item *item, void *payload);
+
+struct sbx_bulk_opts {
+	size_t max_file;  /* content only for files up to this size */
+	size_t max_total; /* stop sending content past this total */
+	int depth;        /* levels below the start; -1 unlimited */
 };
 
 struct sbx_exec_request;  /* sbx/exec.h */
@@ -397,6 +435,21 @@ struct sbx_sandbox_ops {
 	 */
 	int (*watch_sync)(struct sbx_sandbox *sb);
 	void (*watch_stop)(struct sbx_sandbox *sb);
+
+	/*
+	 * Optional: stream the metadata of the subtree at path `dir` (relative
+	 * to the root) and the content of its small files in one exchange,
+	 * for prefetching.  Records arrive in breadth-first order.
+	 */
+	int (*bulk)(struct sbx_sandbox *sb, const char *dir,
+		    const struct sbx_bulk_opts *o, sbx_bulk_cb cb,
+		    void *payload);
+
+	/*
+	 * Optional: push every buffered change to the sandbox (the exec
+	 * barrier before a command starts).  Thread-safe.
+	 */
+	int (*syncfs)(struct sbx_sandbox *sb);
 
 	/* Release the sandbox handle (not the sandbox).  Accepts NULL. */
 	void (*free)(struct sbx_sandbox *sb);

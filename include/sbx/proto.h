@@ -1,0 +1,138 @@
+/*
+ * The sbx-agent wire protocol (docs/protocol.md), defined once for both
+ * ends: the agent (agent/) and the remote provider (providers/remote/).
+ *
+ * Pure functions over cJSON and sbx_buf; no I/O, no threads.  Every
+ * decoder takes untrusted input: it checks types and bounds and fails with
+ * -EPROTO (class SBX_ERR_PROTO) and a message naming the field.
+ */
+#ifndef SBX_PROTO_H
+#define SBX_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include "sbx/error.h"
+
+struct cJSON;
+struct sbx_buf;
+
+#define SBX_PROTO_VERSION 1
+
+#define SBX_HDR_TOKEN "X-Sbx-Token"
+#define SBX_HDR_AGENT "X-Sbx-Agent"
+#define SBX_HDR_SIZE "X-Sbx-Size"
+#define SBX_HDR_MTIME "X-Sbx-Mtime"
+#define SBX_HDR_INO "X-Sbx-Ino"
+
+#define SBX_CT_JSON "application/json"
+#define SBX_CT_OCTET "application/octet-stream"
+
+/* Limits (docs/protocol.md, "Transport"). */
+#define SBX_PROTO_MAX_HEADERS (16 * 1024)
+#define SBX_PROTO_MAX_JSON_BODY (1024 * 1024)
+#define SBX_PROTO_MAX_WRITE_BODY (16 * 1024 * 1024)
+#define SBX_PROTO_MAX_BATCH 256
+#define SBX_PROTO_MAX_FRAME_JSON (64 * 1024)
+#define SBX_PROTO_MAX_FRAME_DATA (1024 * 1024)
+
+/* ---- stat ---------------------------------------------------------------- */
+
+/* Encode `st` as the compact stat array.  Returns a new cJSON array. */
+struct cJSON *sbx_proto_stat_to_json(const struct stat *st);
+
+/* Decode a stat array into *st (zeroed first).  -EPROTO on bad input. */
+SBX_WUR int sbx_proto_stat_from_json(const struct cJSON *j, struct stat *st);
+
+/* statvfs as an object and back. */
+struct cJSON *sbx_proto_statvfs_to_json(const struct statvfs *sv);
+SBX_WUR int sbx_proto_statvfs_from_json(const struct cJSON *j,
+					struct statvfs *sv);
+
+/* ---- errors -------------------------------------------------------------- */
+
+/*
+ * The error body {"error":{"errno":NAME,"message":MSG}} for a negative
+ * errno `code`.  Returns a new object.
+ */
+struct cJSON *sbx_proto_error_to_json(int code, const char *message);
+
+/*
+ * If `j` is (or contains at top level) an error object, record it with
+ * sbx_error_set(SBX_ERR_REMOTE, -errno, "<context>: <message>") and return
+ * the negative errno; unknown names map to -EIO.  Returns 0 when `j` holds
+ * no error.
+ */
+int sbx_proto_error_from_json(const struct cJSON *j, const char *context);
+
+/* HTTP status for a negative errno (docs/protocol.md, "Errors"). */
+int sbx_proto_http_status(int code);
+
+/* ---- frames --------------------------------------------------------------- */
+
+/*
+ * Append one frame to `out`: 4-byte big-endian JSON length, the JSON text
+ * of `hdr`, then `len` bytes of `data` (the caller must have set "len" in
+ * hdr when len > 0).  Returns 0 or -EFBIG when the buffer cap is hit.
+ */
+SBX_WUR int sbx_frame_encode(struct sbx_buf *out, const struct cJSON *hdr,
+			     const void *data, size_t len);
+
+/* Convenience: encode hdr (adding "len") and data in one call. */
+SBX_WUR int sbx_frame_encode_data(struct sbx_buf *out, struct cJSON *hdr,
+				  const void *data, size_t len);
+
+/*
+ * Incremental frame decoder for streamed responses: feed bytes as they
+ * arrive; complete frames are handed to the callback.  The parser owns its
+ * partial state; the callback borrows hdr (freed after it returns) and
+ * data (NULL when the frame has no payload).  A callback returning
+ * non-zero stops the parser and that value is returned by feed.
+ */
+typedef int (*sbx_frame_cb)(const struct cJSON *hdr, const void *data,
+			    size_t len, void *payload);
+
+struct sbx_frame_parser {
+	unsigned char *buf; /* pending bytes */
+	size_t len, cap;
+	sbx_frame_cb cb;
+	void *payload;
+	bool ended; /* saw {"end":true} */
+};
+
+void sbx_frame_parser_init(struct sbx_frame_parser *p, sbx_frame_cb cb,
+			   void *payload);
+void sbx_frame_parser_fini(struct sbx_frame_parser *p);
+/*
+ * Consume `n` bytes.  Returns 0, the callback's non-zero value, or -EPROTO
+ * for a malformed stream (oversized or invalid JSON header).
+ */
+int sbx_frame_parser_feed(struct sbx_frame_parser *p, const void *data,
+			  size_t n);
+
+/* ---- paths ---------------------------------------------------------------- */
+
+/*
+ * Normalise a protocol path: strip leading and repeated '/', drop "."
+ * components; "" for the root.  Refuses ".." components and NUL with
+ * -EINVAL (the agent also confines with openat2; this is the first line).
+ * *out malloc'd.
+ */
+SBX_WUR int sbx_proto_path_clean(const char *in, char **out);
+
+/* Join a directory path and a name ("" + "a" → "a").  malloc'd. */
+char *sbx_proto_path_join(const char *dir, const char *name);
+
+/* Percent-encode for a query value (RFC 3986 unreserved kept). malloc'd. */
+char *sbx_proto_query_escape(const char *s);
+
+/* ---- signals -------------------------------------------------------------- */
+
+/* "SIGINT" ↔ SIGINT for the signals the shim forwards and a few more. */
+const char *sbx_proto_signal_name(int sig);
+int sbx_proto_signal_from_name(const char *name); /* 0 when unknown */
+
+#endif
