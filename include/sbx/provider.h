@@ -451,6 +451,22 @@ struct sbx_sandbox_ops {
 	 */
 	int (*syncfs)(struct sbx_sandbox *sb);
 
+	/*
+	 * Optional, for path-based providers: a node reference for `path`
+	 * (relative to the root, "" for the root) without any I/O.  The
+	 * caching layer (fs/cache.c) wraps only providers that have it, and
+	 * addresses everything by path through it.
+	 */
+	int (*node_at)(struct sbx_sandbox *sb, const char *path,
+		       struct sbx_node **out);
+
+	/*
+	 * Optional: is the change stream delivering right now?  The daemon
+	 * caches for long only while it is (and for 1 s otherwise).  When
+	 * NULL, a started stream counts as healthy.
+	 */
+	bool (*watch_healthy)(struct sbx_sandbox *sb);
+
 	/* Release the sandbox handle (not the sandbox).  Accepts NULL. */
 	void (*free)(struct sbx_sandbox *sb);
 };
