@@ -16,6 +16,8 @@
 #include "sbx/fs.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
+#include "sbx/paths.h"
+#include "cache.h"
 #include "fs_ctl.h"
 #include "fs_i.h"
 
@@ -27,6 +29,18 @@
  */
 #define FS_TIMEOUT_WATCHED 600.0
 #define FS_TIMEOUT_BLIND 1.0
+
+bool fs_healthy(struct fs *fs)
+{
+	if (!fs->watching)
+		return false;
+	return !fs->sb->ops->watch_healthy || fs->sb->ops->watch_healthy(fs->sb);
+}
+
+double fs_timeout(struct fs *fs)
+{
+	return fs_healthy(fs) ? FS_TIMEOUT_WATCHED : FS_TIMEOUT_BLIND;
+}
 
 struct sbx_sandbox *fs_sandbox(struct fs *fs)
 {
@@ -116,6 +130,9 @@ int fs_barrier_before(struct fs *fs)
 	if (syncfs(fd) < 0)
 		rc = sbx_error_os("exec barrier: syncfs %s", fs->mountpoint);
 	close(fd);
+	/* Then what the caching layer holds back. */
+	if (rc == 0 && fs->sb->ops->syncfs)
+		rc = fs->sb->ops->syncfs(fs->sb);
 	return rc;
 }
 
@@ -130,6 +147,24 @@ int fs_barrier_after(struct fs *fs)
 		invalidate_everything(fs);
 	pthread_mutex_unlock(&fs->barrier_lock);
 	return rc;
+}
+
+static int open_cache(struct fs *fs, const char *session)
+{
+	char *dir = NULL;
+	int rc = sbx_paths_session_file(&dir, "cache", session, "");
+
+	if (rc < 0) {
+		sbx_warn("no disk content cache: %s", sbx_error_last()->msg);
+		sbx_error_clear();
+	}
+	rc = fs_cache_new(&fs->cache, fs->sb, dir);
+	free(dir);
+	if (rc < 0)
+		return rc;
+	fs->sb = fs->cache;
+	fs->cached = true;
+	return 0;
 }
 
 static void notify_ready(int fd)
@@ -205,7 +240,6 @@ static int start_watch(struct fs *fs)
 	int rc;
 
 	fs->watching = false;
-	fs->timeout = FS_TIMEOUT_BLIND;
 	if (!fs->sb->ops->watch_start)
 		return 0;
 	rc = fs->sb->ops->watch_start(fs->sb, fs_apply_change, fs);
@@ -217,7 +251,6 @@ static int start_watch(struct fs *fs)
 		return 0;
 	}
 	fs->watching = true;
-	fs->timeout = FS_TIMEOUT_WATCHED;
 	return 0;
 }
 
@@ -233,6 +266,12 @@ int fs_daemon_run(const struct fs_options *o)
 
 	memset(&fs, 0, sizeof(fs));
 	fs.sb = o->sandbox;
+	if (fs.sb->ops->node_at) {
+		/* A path-based (remote) sandbox: serve it through the cache. */
+		rc = open_cache(&fs, o->session);
+		if (rc < 0)
+			return rc;
+	}
 	fs.session = o->session;
 	fs.mountpoint = o->mountpoint;
 	if (o->control_socket)
@@ -327,6 +366,7 @@ out:
 	free(opts);
 	fs_inodes_fini(&fs);
 	free(fs.control_socket);
+	sbx_sandbox_free(fs.cache);
 	pthread_mutex_destroy(&fs.lock);
 	pthread_mutex_destroy(&fs.barrier_lock);
 	return rc;

@@ -58,14 +58,15 @@ struct fs {
 	size_t table_size;
 	size_t count;
 
-	bool watching;          /* change stream live */
+	bool watching;          /* change stream started */
+	bool cached;            /* sb is our caching layer (fs/cache.c) */
+	struct sbx_sandbox *cache; /* owned when cached */
 	/*
 	 * The provider gives descriptors (file_fd): the kernel is told that
 	 * open/opendir/flush are not implemented, so opening and closing a
 	 * file costs no request at all; each I/O request opens its own file.
 	 */
 	bool zero_open;
-	double timeout;         /* entry/attr timeout in seconds */
 	pthread_mutex_t barrier_lock;
 
 	struct fs_ctl *ctl;
@@ -109,6 +110,14 @@ void fs_inode_foreach(struct fs *fs,
 				 fuse_ino_t parent, const char *name));
 
 /* --- fs.c ---------------------------------------------------------------- */
+/*
+ * Entry/attribute timeout for a reply now: long while the change stream is
+ * started and healthy, short otherwise.
+ */
+double fs_timeout(struct fs *fs);
+/* True while cached data may be trusted until invalidated. */
+bool fs_healthy(struct fs *fs);
+
 /* Apply one change from the provider's stream to the kernel caches. */
 void fs_apply_change(const struct sbx_change *c, void *payload);
 

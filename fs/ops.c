@@ -120,8 +120,8 @@ static void reply_entry(fuse_req_t req, struct fs *fs, fuse_ino_t parent,
 	memset(&e, 0, sizeof(e));
 	e.ino = fs_inode_id(fs, in);
 	e.attr = *st;
-	e.attr_timeout = fs->timeout;
-	e.entry_timeout = fs->timeout;
+	e.attr_timeout = fs_timeout(fs);
+	e.entry_timeout = fs_timeout(fs);
 	/* An interrupted request: the kernel never saw this lookup. */
 	if (fuse_reply_entry(req, &e) != 0)
 		fs_inode_forget(fs, e.ino, 1);
@@ -166,13 +166,13 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int rc;
 
 	rc = fs->sb->ops->lookup(fs->sb, node_of(fs, parent), name, &node, &st);
-	if (rc == -ENOENT && fs->watching) {
+	if (rc == -ENOENT && fs_healthy(fs)) {
 		/* Negative entry: cached until the change stream says so. */
 		struct fuse_entry_param e;
 
 		sbx_error_clear();
 		memset(&e, 0, sizeof(e));
-		e.entry_timeout = fs->timeout;
+		e.entry_timeout = fs_timeout(fs);
 		fuse_reply_entry(req, &e);
 		return;
 	}
@@ -207,7 +207,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
 	rc = fs->sb->ops->getattr(fs->sb, node_of(fs, ino), pfile_of(fi), &st);
 	if (rc < 0)
 		return reply_err(req, "getattr", rc);
-	fuse_reply_attr(req, &st, fs->timeout);
+	fuse_reply_attr(req, &st, fs_timeout(fs));
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
@@ -222,7 +222,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 				  valid, &st);
 	if (rc < 0)
 		return reply_err(req, "setattr", rc);
-	fuse_reply_attr(req, &st, fs->timeout);
+	fuse_reply_attr(req, &st, fs_timeout(fs));
 }
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
@@ -352,8 +352,11 @@ static void fill_open(struct fs *fs, struct fuse_file_info *fi,
 	if (f->writer)
 		fs_inode_writers(fs, in, 1);
 	fi->fh = (uintptr_t)f;
-	/* Page cache survives opens only while invalidations are exact. */
-	fi->keep_cache = fs->watching && res->keep_cache;
+	/*
+	 * Page cache survives opens only while invalidations are exact, or
+	 * when the caching layer revalidated the file at open.
+	 */
+	fi->keep_cache = res->keep_cache && (fs->cached || fs_healthy(fs));
 	fi->direct_io = res->direct_io;
 	fi->nonseekable = res->nonseekable;
 }
@@ -408,14 +411,14 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		/* I/O opens its own files (io_file); this one is done. */
 		(void)fs->sb->ops->release(fs->sb, res.fh);
 		fi->fh = 0;
-		fi->keep_cache = fs->watching;
+		fi->keep_cache = fs_healthy(fs);
 	} else {
 		fill_open(fs, fi, in, &res);
 	}
 	e.ino = fs_inode_id(fs, in);
 	e.generation = 0;
-	e.attr_timeout = fs->timeout;
-	e.entry_timeout = fs->timeout;
+	e.attr_timeout = fs_timeout(fs);
+	e.entry_timeout = fs_timeout(fs);
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		struct fs_file *f = file_of(fi);
 
@@ -613,8 +616,8 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 	f->inode = fs_inode_get(fs, ino);
 	fi->fh = (uintptr_t)f;
 	/* The kernel may keep listings; the change stream invalidates them. */
-	fi->cache_readdir = fs->watching;
-	fi->keep_cache = fs->watching;
+	fi->cache_readdir = fs_healthy(fs);
+	fi->keep_cache = fs_healthy(fs);
 	if (fuse_reply_open(req, fi) != 0) {
 		(void)fs->sb->ops->releasedir(fs->sb, dh);
 		free(f);
@@ -657,8 +660,8 @@ static int fill_entry(const char *name, const struct stat *st,
 							node, st);
 
 		e.ino = fs_inode_id(d->fs, in);
-		e.attr_timeout = d->fs->timeout;
-		e.entry_timeout = d->fs->timeout;
+		e.attr_timeout = fs_timeout(d->fs);
+		e.entry_timeout = fs_timeout(d->fs);
 	}
 	d->used += fuse_add_direntry_plus(d->req, d->buf + d->used, rem, name,
 					  &e, next);

@@ -1,0 +1,38 @@
+/*
+ * The caching layer: a sandbox that wraps a path-based sandbox (one with
+ * node_at, i.e. the remote providers) and keeps what the daemon asked for,
+ * so that repeated work costs no round trip.  See docs/design.md, "Remote
+ * cache and consistency".
+ *
+ * Caches: attributes, entries (positive and negative), complete directory
+ * listings, file contents (memory, spilling large ones to disk under
+ * $SBX_HOME/cache/<session>/), symlink targets.  Prefetch: the first time
+ * a directory is looked into, one bulk call brings the metadata of its
+ * whole subtree and the content of its small files.  Writes are buffered
+ * per open file and pushed on close, fsync and the exec barrier.
+ *
+ * Invalidation comes from the wrapped sandbox's change stream (paths),
+ * which the cache turns into identity-based changes for the daemon.  While
+ * the stream is healthy everything is cached until invalidated; otherwise
+ * cached data is trusted for CACHE_BLIND_TTL seconds only and revalidated
+ * on open (close-to-open).
+ *
+ * Threads: every operation may run concurrently; one mutex protects the
+ * tree and is never held across I/O on the wrapped sandbox.
+ */
+#ifndef FS_CACHE_H
+#define FS_CACHE_H
+
+#include "sbx/error.h"
+
+struct sbx_sandbox;
+
+/*
+ * Wrap `inner` (borrowed; must outlive the cache, which never frees it).
+ * `disk_dir` (may be NULL) is where large contents spill; created if
+ * missing and emptied at start.  *out is released with sbx_sandbox_free().
+ */
+SBX_WUR int fs_cache_new(struct sbx_sandbox **out, struct sbx_sandbox *inner,
+			 const char *disk_dir);
+
+#endif

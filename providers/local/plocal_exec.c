@@ -1,0 +1,642 @@
+/*
+ * Local provider exec: fork/exec in the worktree, optionally under
+ * bubblewrap.  See sbx/exec.h for the handle contract and docs/exec.md for
+ * the process, signal and isolation model.
+ *
+ * Process model.  The child calls setsid(), so the command leads its own
+ * session and process group and signals reach the whole group.  With a tty
+ * the pty slave becomes its controlling terminal.  Under bwrap the forked
+ * child execs bwrap, whose monitor process would die from a group-wide
+ * SIGINT before the command could handle it (bubblewrap issue #369); so
+ * bwrap runs with --new-session and reports the pid of its sandbox init
+ * through --info-fd, and signals go to that init's process group, which
+ * holds the command but not the monitor.  In tty mode under bwrap the
+ * command is started through setsid(1) --ctty, which gives it the pty as
+ * controlling terminal inside the new session, so ^C reaches the command
+ * (the foreground group) and not bwrap.
+ *
+ * The child runs between fork() and execve() in a multithreaded daemon, so
+ * it only makes async-signal-safe calls on data prepared by the parent.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/pidfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "sbx/exec.h"
+#include "sbx/xmalloc.h"
+
+#include "plocal_i.h"
+
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define PIPE_SIZE (1024 * 1024)
+
+struct lexec {
+	struct sbx_exec_handle base;
+	bool tty;
+	bool bwrap;
+	bool reaped;
+	int status;
+	int info_fd;      /* bwrap --info-fd read end, -1 once read */
+	pid_t sandbox_pg; /* bwrap: process group of the sandbox's init */
+};
+
+/* ---- helpers (parent side) ---------------------------------------------- */
+
+static const char *env_get(const char *const *envp, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (!strncmp(envp[i], name, n) && envp[i][n] == '=')
+			return envp[i] + n + 1;
+	return NULL;
+}
+
+static bool is_exec_file(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+	       access(path, X_OK) == 0;
+}
+
+/*
+ * Find `prog` in `path` (a PATH value) the way execvp(3) does.  *out is
+ * malloc'd.  -ENOENT when not found, -EACCES when found but not executable.
+ */
+static int path_search(char **out, const char *prog, const char *path,
+		       const char *cwd)
+{
+	bool seen = false;
+	const char *p = path;
+
+	*out = NULL;
+	if (strchr(prog, '/')) {
+		char *full = prog[0] == '/' ? sbx_xstrdup(prog)
+					    : sbx_xasprintf("%s/%s", cwd, prog);
+
+		if (access(full, F_OK) < 0) {
+			free(full);
+			return -ENOENT;
+		}
+		*out = full;
+		return 0;
+	}
+	while (1) {
+		size_t l = strcspn(p, ":");
+		char *cand = l ? sbx_xasprintf("%.*s/%s", (int)l, p, prog)
+			       : sbx_xasprintf("%s/%s", cwd, prog);
+
+		if (is_exec_file(cand)) {
+			*out = cand;
+			return 0;
+		}
+		if (access(cand, F_OK) == 0)
+			seen = true;
+		free(cand);
+		if (!p[l])
+			break;
+		p += l + 1;
+	}
+	return seen ? -EACCES : -ENOENT;
+}
+
+static int exec_error(int rc, const char *prog)
+{
+	if (rc == -ENOENT)
+		return sbx_error_setd(SBX_ERR_OS, rc, SBX_EXEC_ERR_PROGRAM,
+				      "%s: command not found", prog);
+	return sbx_error_setd(SBX_ERR_OS, rc, SBX_EXEC_ERR_PROGRAM,
+			      "%s: cannot execute: %s", prog, strerror(-rc));
+}
+
+/* Is `path` (resolved) `root` or below it? */
+static bool path_within(const char *path, const char *root)
+{
+	size_t rl = strlen(root);
+
+	if (rl == 1 && root[0] == '/')
+		return true;
+	return !strncmp(path, root, rl) && (path[rl] == '\0' || path[rl] == '/');
+}
+
+static int check_cwd(char **out, struct plocal_sandbox *psb, const char *cwd)
+{
+	char *real = NULL, *root = NULL;
+	int rc = 0;
+
+	*out = NULL;
+	real = realpath(cwd, NULL);
+	if (!real)
+		return sbx_error_os("working directory %s", cwd);
+	root = realpath(psb->root_path, NULL);
+	if (!root) {
+		rc = sbx_error_os("sandbox worktree %s", psb->root_path);
+		goto out;
+	}
+	if (!path_within(real, root)) {
+		rc = sbx_error_set(SBX_ERR_CONFIG, -EACCES,
+				   "working directory %s is outside the "
+				   "sandbox (%s)", cwd, psb->root_path);
+		goto out;
+	}
+	*out = real;
+	real = NULL;
+out:
+	free(real);
+	free(root);
+	return rc;
+}
+
+static int find_bwrap(char **out)
+{
+	const char *path = getenv("PATH");
+	int rc = path_search(out, "bwrap", path ? path : DEFAULT_PATH, "/");
+
+	if (rc < 0)
+		return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
+				     "isolation \"bwrap\" needs bubblewrap: "
+				     "apt-get install bubblewrap");
+	return 0;
+}
+
+struct argvb {
+	char **v;
+	size_t n, cap;
+};
+
+static void ab_push(struct argvb *a, const char *s)
+{
+	if (a->n + 2 > a->cap) {
+		a->cap = a->cap ? a->cap * 2 : 32;
+		a->v = sbx_xrealloc(a->v, a->cap * sizeof(char *));
+	}
+	a->v[a->n++] = sbx_xstrdup(s);
+	a->v[a->n] = NULL;
+}
+
+static void ab_free(struct argvb *a)
+{
+	for (size_t i = 0; i < a->n; i++)
+		free(a->v[i]);
+	free(a->v);
+}
+
+/* ---- the child ---------------------------------------------------------- */
+
+struct child_plan {
+	const char *file;         /* program to execve */
+	char *const *argv;
+	char *const *envp;
+	const char *cwd;
+	int in, out, err;         /* child's stdio */
+	bool ctty;                /* make `in` (pty slave) the ctty */
+	int keep_fd;              /* bwrap --info-fd, inherited; or -1 */
+	int errpipe;              /* write end: errno of a failed exec */
+};
+
+static void __attribute__((noreturn)) child(const struct child_plan *p)
+{
+	struct sigaction sa = { .sa_handler = SIG_DFL };
+	sigset_t all;
+	int e;
+
+	/* Default dispositions and an empty mask: the daemon's threads block
+	 * and ignore signals the command must see (sh cannot trap a signal
+	 * that was ignored on entry). */
+	sigemptyset(&sa.sa_mask);
+	for (int s = 1; s < NSIG; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			sigaction(s, &sa, NULL);
+	sigemptyset(&all);
+	sigprocmask(SIG_SETMASK, &all, NULL);
+
+	if (setsid() < 0)
+		goto fail;
+	if (dup2(p->in, 0) < 0 || dup2(p->out, 1) < 0 || dup2(p->err, 2) < 0)
+		goto fail;
+	if (p->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
+		goto fail;
+	/* Nothing of the daemon's leaks into the command, whatever a library
+	 * opened without O_CLOEXEC. */
+	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+	if (p->keep_fd >= 0 && fcntl(p->keep_fd, F_SETFD, 0) < 0)
+		goto fail;
+	if (chdir(p->cwd) < 0)
+		goto fail;
+	execve(p->file, p->argv, p->envp);
+fail:
+	e = errno;
+	if (write(p->errpipe, &e, sizeof(e)) < 0) {
+		/* nothing more to do */
+	}
+	_exit(127);
+}
+
+/* ---- handle ops --------------------------------------------------------- */
+
+static int lx_close_stdin(struct sbx_exec_handle *h)
+{
+	struct lexec *x = (struct lexec *)h;
+
+	if (x->base.stdin_fd < 0)
+		return 0;
+	if (x->tty) {
+		struct termios tio;
+		char eof = 4;
+
+		if (tcgetattr(x->base.stdout_fd, &tio) == 0 &&
+		    tio.c_cc[VEOF] != _POSIX_VDISABLE)
+			eof = (char)tio.c_cc[VEOF];
+		if (write(x->base.stdout_fd, &eof, 1) < 0 && errno != EAGAIN &&
+		    errno != EIO)
+			return sbx_error_os("write EOF to the terminal");
+	} else {
+		close(x->base.stdin_fd);
+	}
+	x->base.stdin_fd = -1;
+	return 0;
+}
+
+/* bwrap: learn the sandbox init's pid from --info-fd (waits briefly for
+ * bwrap to finish its setup). */
+static void read_bwrap_info(struct lexec *x)
+{
+	char buf[512];
+	size_t len = 0;
+	const char *p;
+
+	if (x->info_fd < 0)
+		return;
+	while (len < sizeof(buf) - 1) {
+		struct pollfd pf = { .fd = x->info_fd, .events = POLLIN };
+		ssize_t n;
+
+		if (poll(&pf, 1, 2000) <= 0)
+			break;
+		n = read(x->info_fd, buf + len, sizeof(buf) - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+		buf[len] = '\0';
+		if (strchr(buf, '}'))
+			break;
+	}
+	buf[len] = '\0';
+	p = strstr(buf, "\"child-pid\"");
+	if (p && (p = strchr(p, ':')))
+		x->sandbox_pg = (pid_t)strtol(p + 1, NULL, 10);
+	close(x->info_fd);
+	x->info_fd = -1;
+}
+
+static int lx_signal(struct sbx_exec_handle *h, int sig)
+{
+	struct lexec *x = (struct lexec *)h;
+	pid_t pg = 0;
+
+	if (x->reaped)
+		return sbx_error_set(SBX_ERR_STATE, -ESRCH,
+				     "the command has exited");
+	if (x->tty && ioctl(x->base.stdout_fd, TIOCGPGRP, &pg) == 0 && pg > 0) {
+		/* What the kernel does for ^C: the foreground group. */
+	} else if (x->bwrap) {
+		read_bwrap_info(x);
+		pg = x->sandbox_pg;
+	} else {
+		pg = x->base.pid;
+	}
+	if (pg <= 0)
+		pg = x->base.pid; /* bwrap not set up: stop bwrap itself */
+	if (kill(-pg, sig) < 0 && kill(pg, sig) < 0)
+		return sbx_error_os("kill(-%d, %d)", (int)pg, sig);
+	return 0;
+}
+
+static int lx_resize(struct sbx_exec_handle *h, unsigned short rows,
+		     unsigned short cols)
+{
+	struct lexec *x = (struct lexec *)h;
+	struct winsize ws = { .ws_row = rows, .ws_col = cols };
+
+	if (!x->tty)
+		return sbx_error_set(SBX_ERR_STATE, -ENOTTY,
+				     "resize: the command has no terminal");
+	/* The kernel sends SIGWINCH to the foreground group. */
+	if (ioctl(x->base.stdout_fd, TIOCSWINSZ, &ws) < 0)
+		return sbx_error_os("TIOCSWINSZ");
+	return 0;
+}
+
+static int lx_wait(struct sbx_exec_handle *h, int *status_out)
+{
+	struct lexec *x = (struct lexec *)h;
+	pid_t r;
+
+	if (!x->reaped) {
+		do {
+			r = waitpid(x->base.pid, &x->status, WNOHANG);
+		} while (r < 0 && errno == EINTR);
+		if (r < 0)
+			return sbx_error_os("waitpid %d", (int)x->base.pid);
+		if (r == 0)
+			return -EAGAIN;
+		x->reaped = true;
+	}
+	*status_out = x->status;
+	return 0;
+}
+
+static void lx_free(struct sbx_exec_handle *h)
+{
+	struct lexec *x = (struct lexec *)h;
+
+	if (!x)
+		return;
+	if (!x->reaped && x->base.pid > 0) {
+		/* The whole group; under bwrap, killing bwrap kills the
+		 * sandbox (--die-with-parent of its init). */
+		kill(-x->base.pid, SIGKILL);
+		kill(x->base.pid, SIGKILL);
+		while (waitpid(x->base.pid, &x->status, 0) < 0 && errno == EINTR)
+			;
+	}
+	if (x->base.stdin_fd >= 0 && x->base.stdin_fd != x->base.stdout_fd)
+		close(x->base.stdin_fd);
+	if (x->base.stdout_fd >= 0)
+		close(x->base.stdout_fd);
+	if (x->base.stderr_fd >= 0)
+		close(x->base.stderr_fd);
+	if (x->base.exit_fd >= 0)
+		close(x->base.exit_fd);
+	if (x->info_fd >= 0)
+		close(x->info_fd);
+	free(x);
+}
+
+static const struct sbx_exec_handle_ops lexec_ops = {
+	.close_stdin = lx_close_stdin,
+	.signal = lx_signal,
+	.resize = lx_resize,
+	.wait = lx_wait,
+	.free = lx_free,
+};
+
+/* ---- start -------------------------------------------------------------- */
+
+static void set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl >= 0)
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req,
+		      struct sbx_exec_handle **out)
+{
+	struct plocal_sandbox *psb = (struct plocal_sandbox *)sb;
+	bool bwrap = psb->isolation && !strcmp(psb->isolation, "bwrap");
+	int in[2] = { -1, -1 }, o[2] = { -1, -1 }, e[2] = { -1, -1 };
+	int errp[2] = { -1, -1 }, info[2] = { -1, -1 };
+	int master = -1, slave = -1, rc, child_errno = 0;
+	char *cwd = NULL, *prog = NULL, *bwrap_bin = NULL;
+	char *root_real = NULL, *git_real = NULL;
+	struct argvb bargv = { 0 };
+	struct child_plan plan = { .keep_fd = -1 };
+	struct lexec *x = NULL;
+	const char *path;
+	pid_t pid;
+	ssize_t n;
+
+	*out = NULL;
+	SBX_ASSERT_ARG(req && req->argv && req->argv[0] && req->cwd);
+	SBX_ASSERT_ARG(!req->tty || (req->stdio[0] < 0 && req->stdio[1] < 0 &&
+				     req->stdio[2] < 0));
+	rc = check_cwd(&cwd, psb, req->cwd);
+	if (rc < 0)
+		goto out;
+	path = env_get(req->envp, "PATH");
+	rc = path_search(&prog, req->argv[0], path ? path : DEFAULT_PATH, cwd);
+	if (rc < 0) {
+		rc = exec_error(rc, req->argv[0]);
+		goto out;
+	}
+
+	if (req->tty) {
+		char name[128];
+		struct winsize ws = { .ws_row = req->rows, .ws_col = req->cols };
+
+		master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0 ||
+		    ptsname_r(master, name, sizeof(name)) != 0) {
+			rc = sbx_error_os("allocate a pseudo-terminal");
+			goto out;
+		}
+		slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (slave < 0) {
+			rc = sbx_error_os("open %s", name);
+			goto out;
+		}
+		if (req->rows && req->cols)
+			ioctl(master, TIOCSWINSZ, &ws);
+	} else {
+		if ((req->stdio[0] < 0 && pipe2(in, O_CLOEXEC) < 0) ||
+		    (req->stdio[1] < 0 && pipe2(o, O_CLOEXEC) < 0) ||
+		    (req->stdio[2] < 0 && pipe2(e, O_CLOEXEC) < 0)) {
+			rc = sbx_error_os("pipe");
+			goto out;
+		}
+		/* Fewer, larger reads for big outputs. */
+		if (o[0] >= 0)
+			fcntl(o[0], F_SETPIPE_SZ, PIPE_SIZE);
+		if (e[0] >= 0)
+			fcntl(e[0], F_SETPIPE_SZ, PIPE_SIZE);
+	}
+	if (pipe2(errp, O_CLOEXEC) < 0) {
+		rc = sbx_error_os("pipe");
+		goto out;
+	}
+
+	if (bwrap) {
+		rc = find_bwrap(&bwrap_bin);
+		if (rc < 0)
+			goto out;
+		if (pipe2(info, O_CLOEXEC) < 0) {
+			rc = sbx_error_os("pipe");
+			goto out;
+		}
+		ab_push(&bargv, "bwrap");
+		ab_push(&bargv, "--ro-bind");
+		ab_push(&bargv, "/");
+		ab_push(&bargv, "/");
+		ab_push(&bargv, "--dev");
+		ab_push(&bargv, "/dev");
+		ab_push(&bargv, "--proc");
+		ab_push(&bargv, "/proc");
+		ab_push(&bargv, "--tmpfs");
+		ab_push(&bargv, "/tmp");
+		/* Bind the resolved paths: cwd was resolved too, and a
+		 * symlink on the way would otherwise point into the read-only
+		 * view of /. */
+		root_real = realpath(psb->root_path, NULL);
+		git_real = psb->gitdir ? realpath(psb->gitdir, NULL) : NULL;
+		if (!root_real) {
+			rc = sbx_error_os("sandbox worktree %s", psb->root_path);
+			goto out;
+		}
+		ab_push(&bargv, "--bind");
+		ab_push(&bargv, root_real);
+		ab_push(&bargv, root_real);
+		if (git_real && !path_within(git_real, root_real)) {
+			ab_push(&bargv, "--bind");
+			ab_push(&bargv, git_real);
+			ab_push(&bargv, git_real);
+		}
+		ab_push(&bargv, "--unshare-pid");
+		ab_push(&bargv, "--die-with-parent");
+		ab_push(&bargv, "--new-session");
+		if (!psb->network)
+			ab_push(&bargv, "--unshare-net");
+		ab_push(&bargv, "--chdir");
+		ab_push(&bargv, cwd);
+		ab_push(&bargv, "--info-fd");
+		{
+			char num[16];
+
+			snprintf(num, sizeof(num), "%d", info[1]);
+			ab_push(&bargv, num);
+		}
+		ab_push(&bargv, "--");
+		if (req->tty) {
+			ab_push(&bargv, "/usr/bin/setsid");
+			ab_push(&bargv, "--ctty");
+		}
+		/* The program as resolved above: the same file inside, as / is
+		 * bound read-only at the same place. */
+		ab_push(&bargv, prog);
+		for (size_t i = 1; req->argv[i]; i++)
+			ab_push(&bargv, req->argv[i]);
+		plan.file = bwrap_bin;
+		plan.argv = bargv.v;
+		plan.keep_fd = info[1];
+	} else {
+		plan.file = prog;
+		plan.argv = (char *const *)req->argv;
+	}
+	plan.envp = (char *const *)req->envp;
+	plan.cwd = cwd;
+	if (req->tty) {
+		plan.in = plan.out = plan.err = slave;
+		plan.ctty = !bwrap;
+	} else {
+		plan.in = req->stdio[0] >= 0 ? req->stdio[0] : in[0];
+		plan.out = req->stdio[1] >= 0 ? req->stdio[1] : o[1];
+		plan.err = req->stdio[2] >= 0 ? req->stdio[2] : e[1];
+	}
+	plan.errpipe = errp[1];
+
+	pid = fork();
+	if (pid < 0) {
+		rc = sbx_error_os("fork");
+		goto out;
+	}
+	if (pid == 0)
+		child(&plan);
+
+	close_fd(&errp[1]);
+	close_fd(&slave);
+	close_fd(&in[0]);
+	close_fd(&o[1]);
+	close_fd(&e[1]);
+	close_fd(&info[1]);
+	do {
+		n = read(errp[0], &child_errno, sizeof(child_errno));
+	} while (n < 0 && errno == EINTR);
+	if (n == sizeof(child_errno)) {
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		rc = bwrap ? sbx_error_setd(SBX_ERR_OS, -child_errno, 0,
+					    "run bwrap: %s",
+					    strerror(child_errno))
+			   : exec_error(-child_errno, req->argv[0]);
+		goto out;
+	}
+
+	x = sbx_xcalloc(1, sizeof(*x));
+	x->base.ops = &lexec_ops;
+	x->base.pid = pid;
+	x->tty = req->tty;
+	x->bwrap = bwrap;
+	x->info_fd = info[0];
+	info[0] = -1;
+	x->base.exit_fd = pidfd_open(pid, 0);
+	if (x->base.exit_fd < 0) {
+		rc = sbx_error_os("pidfd_open");
+		x->base.stdin_fd = x->base.stdout_fd = x->base.stderr_fd = -1;
+		lx_free(&x->base);
+		x = NULL;
+		goto out;
+	}
+	if (req->tty) {
+		set_nonblock(master);
+		x->base.stdin_fd = master;
+		x->base.stdout_fd = master;
+		x->base.stderr_fd = -1;
+		master = -1;
+	} else {
+		/* -1 where the command got a descriptor of the client. */
+		if (in[1] >= 0)
+			set_nonblock(in[1]);
+		if (o[0] >= 0)
+			set_nonblock(o[0]);
+		if (e[0] >= 0)
+			set_nonblock(e[0]);
+		x->base.stdin_fd = in[1];
+		x->base.stdout_fd = o[0];
+		x->base.stderr_fd = e[0];
+		in[1] = o[0] = e[0] = -1;
+	}
+	*out = &x->base;
+	rc = 0;
+out:
+	close_fd(&master);
+	close_fd(&slave);
+	for (int i = 0; i < 2; i++) {
+		close_fd(&in[i]);
+		close_fd(&o[i]);
+		close_fd(&e[i]);
+		close_fd(&errp[i]);
+		close_fd(&info[i]);
+	}
+	ab_free(&bargv);
+	free(bwrap_bin);
+	free(root_real);
+	free(git_real);
+	free(prog);
+	free(cwd);
+	return rc;
+}
