@@ -66,13 +66,28 @@ static const struct cli_cmd cmds[] = {
 	 ""},
 	{"exec", cli_cmd_exec,
 	 "sbx exec NAME [-C DIR] [-e KEY=VALUE]... [-t|-T] -- CMD [ARG...]",
-	 "run a command inside the sandbox", ""},
+	 "run a command inside the sandbox",
+	 "  -C DIR            working directory: relative to the sandbox's\n"
+	 "                    workdir, or absolute inside the sandbox\n"
+	 "  -e KEY=VALUE      set an environment variable (repeatable)\n"
+	 "  -t / -T           force / refuse a terminal (default: a terminal\n"
+	 "                    when stdin and stdout are terminals)\n"
+	 "The exit status is the command's, 128+N for death by signal N,\n"
+	 "125 when sbx itself fails.  See docs/exec.md for the environment "
+	 "policy.\n"},
 	{"shell", cli_cmd_shell, "sbx shell NAME",
-	 "interactive shell inside the sandbox", ""},
+	 "interactive shell inside the sandbox",
+	 "Runs $SHELL (or bash -l) in a terminal inside the sandbox.\n"},
 	{"shim", cli_cmd_shim, "sbx shim install DIR [CMD...]",
-	 "install exec-shim symlinks into DIR", ""},
+	 "install exec-shim symlinks into DIR",
+	 "Makes DIR/CMD -> sbx-exec for each CMD (default: sh, bash, make and\n"
+	 "common build tools; see docs/exec.md).  Outside a mount a shim runs\n"
+	 "the next CMD on PATH, so DIR may stay on PATH.\n"},
 	{"env", cli_cmd_env, "sbx env NAME",
-	 "print shell lines that put the shims on PATH", ""},
+	 "print shell lines that put the shims on PATH",
+	 "Prints export lines for PATH (the shim directory, installed on\n"
+	 "demand under $SBX_HOME/shims) and SBX_SESSION.  Use:\n"
+	 "  eval \"$(sbx env NAME)\"\n"},
 	{"help", cli_cmd_help, "sbx help [COMMAND]", "show help", ""},
 	{"version", cli_cmd_version, "sbx version", "print the version", ""},
 };
