@@ -118,6 +118,13 @@ int cli_cmd_status(int argc, char **argv)
 		       sbx_json_bool(st, "mounted", false) ? "yes" : "no");
 		if (sbx_json_bool(st, "mounted", false))
 			printf("%-11s %d\n", "pid", (int)s.pid);
+		else if (s.pid > 0)
+			printf("%-11s the daemon (pid %d) is not running; run "
+			       "`sbx mount %s` to re-attach\n", "note",
+			       (int)s.pid, s.session);
+		else
+			printf("%-11s not mounted; run `sbx mount %s`\n", "note",
+			       s.session);
 		if (err)
 			printf("%-11s %s: %s\n", "error",
 			       or_dash(sbx_json_str(err, "type")),

@@ -294,7 +294,12 @@ int sbx_paths_git_toplevel(char **out, const char *start)
 	if (rc < 0)
 		return rc;
 	if (stat(dir, &st) < 0) {
-		rc = sbx_error_os("repository %s", dir);
+		int err = errno;
+
+		/* Bad input, not a system failure: a configuration error. */
+		rc = sbx_error_setd(SBX_ERR_CONFIG, -err, err,
+				    "repository %s: %s; pass --repo with a git "
+				    "checkout", dir, strerror(err));
 		goto out;
 	}
 	if (!S_ISDIR(st.st_mode)) {
