@@ -11,6 +11,9 @@
 static __thread struct sbx_error last;
 
 static void vset(int klass, int code, long detail, const char *fmt,
+		 va_list ap) __attribute__((format(printf, 4, 0)));
+
+static void vset(int klass, int code, long detail, const char *fmt,
 		 va_list ap)
 {
 	last.klass = klass;
@@ -67,7 +70,10 @@ int sbx_error_prefix(int rc, const char *fmt, ...)
 			 strerror(-last.code));
 	} else {
 		memcpy(old, last.msg, sizeof(old));
-		snprintf(last.msg, sizeof(last.msg), "%s: %s", ctx, old);
+		/* A long chain of context may be cut; the start matters most. */
+		if (snprintf(last.msg, sizeof(last.msg), "%s: %s", ctx, old) >=
+		    (int)sizeof(last.msg))
+			last.msg[sizeof(last.msg) - 1] = '\0';
 	}
 	return rc < 0 ? rc : last.code;
 }

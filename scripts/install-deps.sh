@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install every Debian 12 package sbx needs to build, test, demo and bench.
+# Used by scripts/test.sh --install, scripts/demo.sh and .ci/run.
+set -euo pipefail
+
+PACKAGES=(
+	# build
+	meson ninja-build pkg-config gcc clang libclang-rt-14-dev
+	libfuse3-dev libgit2-dev libcurl4-openssl-dev libcjson-dev
+	libmicrohttpd-dev libcmocka-dev
+	# run
+	fuse3 bubblewrap git
+	# tests
+	python3 python3-pytest python3-pytest-timeout vim tmux attr
+	# benchmarks
+	bindfs sshfs hyperfine
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: run as root (sudo $0)" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+echo "install-deps: ${#PACKAGES[@]} packages installed"

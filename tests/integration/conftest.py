@@ -1,0 +1,223 @@
+"""Fixtures for the sbx integration tests (real FUSE mounts, real git).
+
+Run through meson (`meson test -C build --suite integration`), or directly:
+
+    /usr/bin/python3 -m pytest tests/integration --build-dir=build -v
+
+Fixtures (reusable by every test file, and later by remote providers):
+
+    build_dir   the meson build directory (--build-dir, $MESON_BUILD_DIR)
+    sbx_env     a private SbxEnv: SBX_HOME, SBX_MOUNT_ROOT, HOME under
+                tmp_path; .sbx(*args) runs the CLI; torn down with
+                `sbx down --force` + lazy unmount + killing stray daemons,
+                then fails the test on unexpected daemon log errors or
+                sanitizer reports (sbx_env.expect_log_error(regex) allows one)
+    repo        a small committed git repository (sbx_env.make_repo())
+    provider    "local"; in modules marked providers("local", "remote"),
+                also "remote" (a real sbx-agent on loopback), and for
+                tests marked slow_remote also "slow_remote" (the same
+                through testenv.latency_proxy at 20 ms RTT);
+                SBX_TEST_PROVIDERS=a,b restricts the set
+    agent       a real sbx-agent (testenv.agent.Agent) serving a clone of
+                `repo` on branch sbx/t1, on a free loopback port
+    sandbox     a mounted session of `repo` on `provider`: .name, .mnt,
+                .worktree, .repo, .sbx(*args), .status(), .daemon_pid(),
+                .kill_daemon(), .wait_mounted()
+    plain_dir   an empty plain directory on the same file system as the
+                worktree, for comparisons (testenv.same_as_plain)
+
+Environment knobs: SBX_TEST_TIMEOUT (seconds per test, default 180, with
+pytest-timeout), SBX_TEST_LOG (daemon log level, default info),
+SBX_TEST_VISIBLE_WITHIN (seconds a worktree change may take to show in the
+mount, default 1.0), SBX_TEST_PROVIDERS (default "local"), SBX_TEST_NO_FUSE=1
+(pretend FUSE is unusable, to test the skip path).
+
+Every test here needs a usable /dev/fuse.  Without one they are skipped with
+a reason starting "SBX-NO-FUSE"; scripts/test.sh turns such skips into a
+failure under CI.  If every test was skipped, pytest exits 77 (meson SKIP).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import testenv  # noqa: E402
+from testenv import mounts  # noqa: E402
+
+# SBX_TEST_PROVIDERS restricts which providers run (default: every provider
+# a test supports, see pytest_generate_tests).
+PROVIDERS = [p for p in os.environ.get("SBX_TEST_PROVIDERS", "").split(",")
+             if p] or None
+KNOWN_PROVIDERS = ("local", "remote", "slow_remote")
+SLOW_REMOTE_DELAY_MS = float(os.environ.get("SBX_TEST_SLOW_DELAY_MS", "10"))
+DEFAULT_TIMEOUT = int(os.environ.get("SBX_TEST_TIMEOUT", "180"))
+COUNTS = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--build-dir", default=None,
+                     help="meson build directory holding cli/sbx "
+                          "(default: $MESON_BUILD_DIR, ./build)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "nofuse: the test does not need a usable /dev/fuse")
+    config.addinivalue_line(
+        "markers", "slow: the test takes more than a few seconds")
+    config.addinivalue_line(
+        "markers", "providers(*names): the providers the `sandbox` fixture "
+                   "is parametrised over for this test (default: local)")
+    config.addinivalue_line(
+        "markers", "slow_remote: also run through the latency proxy "
+                   "(provider slow_remote) when remote is among providers")
+    config.addinivalue_line(
+        "markers", "local_only(reason): the test checks something only a "
+                   "local sandbox has; it is not run for remote providers")
+
+
+def pytest_generate_tests(metafunc):
+    if "provider" not in metafunc.fixturenames:
+        return
+    m = metafunc.definition.get_closest_marker("providers")
+    wanted = list(m.args) if m else ["local"]
+    if metafunc.definition.get_closest_marker("local_only"):
+        wanted = [p for p in wanted if p == "local"]
+    if "remote" in wanted and \
+            metafunc.definition.get_closest_marker("slow_remote"):
+        wanted.append("slow_remote")
+    if PROVIDERS is not None:
+        wanted = [p for p in wanted if p in PROVIDERS]
+    metafunc.parametrize("provider", wanted, indirect=True)
+
+
+def pytest_sessionstart(session):
+    mounts.cleanup_stale_runs()
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = testenv.fuse_unusable_reason()
+    timeout_plugin = config.pluginmanager.hasplugin("timeout")
+    for item in items:
+        if reason and not item.get_closest_marker("nofuse"):
+            item.add_marker(pytest.mark.skip(
+                reason=f"{testenv.NO_FUSE_TAG}: no usable FUSE: {reason}"))
+        if timeout_plugin and not item.get_closest_marker("timeout"):
+            # The thread method works even when the test is stuck in a
+            # FUSE request that signals cannot interrupt.
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT,
+                                                method="thread"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        COUNTS["skipped"] += 1
+    elif report.failed:
+        COUNTS["failed"] += 1
+    elif report.when == "call":
+        COUNTS["passed"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if (COUNTS["skipped"] and not COUNTS["passed"] and not COUNTS["failed"]
+            and exitstatus == 0):
+        session.exitstatus = 77  # meson: SKIP, never a pass
+
+
+# -- fixtures -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def build_dir(request):
+    d = testenv.find_build_dir(request.config.getoption("--build-dir"))
+    sbx = d / "cli" / "sbx"
+    if not sbx.exists():
+        pytest.fail(f"{sbx} is not built: run `meson setup {d} && "
+                    f"ninja -C {d}` or pass --build-dir", pytrace=False)
+    return d
+
+
+@pytest.fixture
+def sbx_env(request, tmp_path, build_dir):
+    env = testenv.SbxEnv(tmp_path / "sbx", build_dir)
+    yield env
+    notes = env.cleanup()
+    problems = env.problems()
+    call = getattr(request.node, "rep_call", None)
+    test_passed = call is not None and call.passed
+    for n in notes:
+        sys.stderr.write(f"[sbx teardown] {n}\n")
+    if mounts.mounts_under(env.root):
+        pytest.fail("mounts left behind under " + str(env.root),
+                    pytrace=False)
+    if test_passed and (problems or any(n.startswith("sbx down") for n in notes)):
+        pytest.fail("teardown found problems:\n" + "\n".join(problems + notes),
+                    pytrace=False)
+
+
+@pytest.fixture
+def repo(sbx_env):
+    return sbx_env.make_repo()
+
+
+@pytest.fixture
+def provider(request):
+    p = getattr(request, "param", "local")
+    if p not in KNOWN_PROVIDERS:
+        pytest.fail(f"provider {p!r} has no test setup "
+                    f"(known: {', '.join(KNOWN_PROVIDERS)})", pytrace=False)
+    return p
+
+
+@pytest.fixture
+def agent(sbx_env, repo):
+    from testenv.agent import Agent, make_agent_root
+    root = make_agent_root(sbx_env, repo, sbx_env.root / "agent-root",
+                           "sbx/t1")
+    a = Agent(sbx_env.bin("sbx-agent"), root, sbx_env.root / "agent",
+              env=sbx_env.env)
+    a.start()
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def sandbox(request, sbx_env, repo, provider):
+    if provider == "local":
+        sb = sbx_env.up("t1", repo, "--provider", provider)
+        sb.provider = provider
+        yield sb
+        return
+    from testenv.agent import up_remote
+    from testenv.latency_proxy import LatencyProxy
+    agent = request.getfixturevalue("agent")
+    proxy = None
+    if provider == "slow_remote":
+        proxy = LatencyProxy(agent.address,
+                             delay_ms=SLOW_REMOTE_DELAY_MS).start()
+    try:
+        yield up_remote(sbx_env, "t1", agent, proxy, repo=repo)
+        # Down while the agent still answers (sbx_env's teardown comes
+        # after the agent fixture's).
+        sbx_env.sbx("down", "t1", "--force", timeout=60)
+    finally:
+        if proxy is not None:
+            proxy.close()
+
+
+@pytest.fixture
+def plain_dir(tmp_path):
+    d = tmp_path / "plain"
+    d.mkdir()
+    return d
