@@ -20,7 +20,8 @@ struct cli_globals cli_g;
 static const struct cli_cmd cmds[] = {
 	{"up", cli_cmd_up, "sbx up [NAME] [OPTIONS]",
 	 "create (or re-attach) a session's sandbox and mount it",
-	 "  --provider NAME   provider (local, ...); default from config\n"
+	 "  --provider NAME   provider (local, remote, ...); default from "
+	 "config\n"
 	 "  --repo DIR        source repository (default: the one holding "
 	 "the cwd)\n"
 	 "  --ref REV         start the sandbox branch at REV (default: "
@@ -30,6 +31,9 @@ static const struct cli_cmd cmds[] = {
 	 "~/sbx/NAME)\n"
 	 "  --isolate         run commands under bubblewrap "
 	 "(local.isolation=bwrap)\n"
+	 "  --url URL         remote: base URL of a running sbx-agent\n"
+	 "  --token-file FILE remote: file holding the agent's token\n"
+	 "  --timeout SECONDS remote: bound on every request (default 30)\n"
 	 "  --config FILE     extra configuration file\n"
 	 "  --json            print the status object instead of the "
 	 "mountpoint\n"

@@ -29,6 +29,9 @@ struct up_opts {
 	const char *ref;
 	const char *mount;
 	const char *config;
+	const char *url;        /* remote: agent base URL */
+	const char *token_file; /* remote: token file */
+	const char *timeout;    /* remote: seconds per request */
 	bool carry;
 	bool isolate;
 	bool json;
@@ -75,6 +78,51 @@ static int gen_name(char **out, const char *repo)
 	*out = sbx_xasprintf("%s-%02x%02x", n ? base : "sbx", rnd[0], rnd[1]);
 	free(top);
 	return 0;
+}
+
+/*
+ * --url, --token-file, --timeout: the "remote" section of the command-line
+ * layer.  The token file is made absolute here, because the daemon and
+ * later commands run from other directories.
+ */
+static int remote_flags(cJSON *flags, const struct up_opts *o)
+{
+	cJSON *remote = cJSON_CreateObject();
+	char *abs = NULL, *end = NULL;
+
+	if (!remote)
+		abort();
+	if (o->url) {
+		if (!*o->url) {
+			cJSON_Delete(remote);
+			return cli_usage("up", "--url needs a URL");
+		}
+		sbx_json_set_str(remote, "url", o->url);
+	}
+	if (o->token_file) {
+		if (!*o->token_file ||
+		    sbx_path_expand_user(&abs, o->token_file) < 0) {
+			sbx_error_clear();
+			cJSON_Delete(remote);
+			return cli_usage("up", "--token-file needs a file");
+		}
+		sbx_json_set_str(remote, "token_file", abs);
+		free(abs);
+	}
+	if (o->timeout) {
+		double t = strtod(o->timeout, &end);
+
+		if (end == o->timeout || *end || !(t > 0) || t > 86400) {
+			cJSON_Delete(remote);
+			return cli_usage("up", "--timeout needs a number of "
+					       "seconds (0 < SECONDS <= "
+					       "86400)");
+		}
+		if (!cJSON_AddNumberToObject(remote, "timeout", t))
+			abort();
+	}
+	sbx_json_set_take(flags, "remote", remote);
+	return CLI_EXIT_OK;
 }
 
 /* Print the result: the mountpoint, or the status object. */
@@ -312,6 +360,9 @@ int cli_cmd_up(int argc, char **argv)
 		{"isolate", no_argument, NULL, 'i'},
 		{"config", required_argument, NULL, 'C'},
 		{"json", no_argument, NULL, 'j'},
+		{"url", required_argument, NULL, 'U'},
+		{"token-file", required_argument, NULL, 'T'},
+		{"timeout", required_argument, NULL, 'W'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -334,6 +385,9 @@ int cli_cmd_up(int argc, char **argv)
 		case 'i': o.isolate = true; break;
 		case 'C': o.config = optarg; break;
 		case 'j': o.json = true; break;
+		case 'U': o.url = optarg; break;
+		case 'T': o.token_file = optarg; break;
+		case 'W': o.timeout = optarg; break;
 		default: return cli_common_opt("up", opt);
 		}
 	}
@@ -350,6 +404,12 @@ int cli_cmd_up(int argc, char **argv)
 	flags = cJSON_CreateObject();
 	if (o.provider)
 		sbx_json_set_str(flags, "provider", o.provider);
+	if (o.url || o.token_file || o.timeout) {
+		ret = remote_flags(flags, &o);
+		if (ret != CLI_EXIT_OK)
+			goto out;
+		ret = CLI_EXIT_FAIL;
+	}
 	if (o.isolate) {
 		cJSON *local = cJSON_CreateObject();
 

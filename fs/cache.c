@@ -1708,9 +1708,16 @@ static void on_change(const struct sbx_change *ch, void *payload)
 		name = slash ? slash + 1 : ch->path;
 		dir = resolve(c, dirpath, false);
 		if (dir) {
+			/*
+			 * The name may be new to us: record it as UNKNOWN so a
+			 * complete listing neither answers "absent" for it nor
+			 * is served without asking again.
+			 */
+			struct cnode *k = kid_get(dir, name);
+
+			if (!k->dirty)
+				k->slot = S_UNKNOWN;
 			dir->st_valid = false;
-			if (n && !n->dirty)
-				n->slot = S_UNKNOWN;
 			dircopy = *dir;
 			have_dir = true;
 		}

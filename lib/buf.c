@@ -53,7 +53,8 @@ static int grow(struct sbx_buf *b, size_t extra)
 	n = b->alloc ? b->alloc : MIN_ALLOC;
 	while (n < need)
 		n = n > SIZE_MAX / 2 ? need : n * 2;
-	if (n > b->cap + 1)
+	/* Never past cap + 1 (the NUL); cap == SIZE_MAX means no cap. */
+	if (b->cap != SIZE_MAX && n > b->cap + 1)
 		n = b->cap + 1;
 	b->data = sbx_xrealloc(b->data, n);
 	b->alloc = n;

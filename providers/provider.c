@@ -9,6 +9,7 @@
 
 #include "sbx/provider.h"
 #include "local/plocal_i.h"
+#include "remote/premote_i.h"
 
 typedef int (*provider_ctor)(struct sbx_provider **out,
 			     const struct cJSON *config);
@@ -18,9 +19,10 @@ static const struct {
 	provider_ctor ctor;
 } registry[] = {
 	{"local", plocal_provider_new},
+	{"remote", premote_provider_new},
 };
 
-static const char *const names[] = {"local", NULL};
+static const char *const names[] = {"local", "remote", NULL};
 
 const char *const *sbx_provider_names(void)
 {
@@ -52,8 +54,8 @@ int sbx_provider_new(struct sbx_provider **out, const char *name,
 		return 0;
 	}
 	return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
-			     "unknown provider '%s' (this build has: local); "
-			     "set \"provider\" in the configuration or pass "
+			     "unknown provider '%s' (this build has: local, "
+			     "remote); set \"provider\" in the configuration or pass "
 			     "--provider local", name);
 }
 

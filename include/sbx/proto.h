@@ -135,4 +135,17 @@ char *sbx_proto_query_escape(const char *s);
 const char *sbx_proto_signal_name(int sig);
 int sbx_proto_signal_from_name(const char *name); /* 0 when unknown */
 
+/* ---- additions (lib/proto.c) ---------------------------------------------- */
+
+/*
+ * Base64 (RFC 4648, with padding) for the batch ops' "data" and "value"
+ * fields.  sbx_proto_base64_encode returns a malloc'd NUL-terminated
+ * string.  sbx_proto_base64_decode accepts padded or unpadded input,
+ * rejects anything else with -EPROTO; *out is malloc'd (at least 1 byte,
+ * so an empty result is not NULL) and *len_out its length.
+ */
+char *sbx_proto_base64_encode(const void *data, size_t len);
+SBX_WUR int sbx_proto_base64_decode(const char *text, unsigned char **out,
+				    size_t *len_out);
+
 #endif

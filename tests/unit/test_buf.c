@@ -66,12 +66,29 @@ static void test_growth(void **state)
 	sbx_buf_fini(NULL);
 }
 
+/* cap SIZE_MAX ("no cap") must not wrap when clamping the allocation. */
+static void test_uncapped(void **state)
+{
+	struct sbx_buf b;
+	char chunk[1000];
+
+	memset(chunk, 'x', sizeof(chunk));
+	sbx_buf_init(&b, SIZE_MAX);
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(sbx_buf_add(&b, chunk, sizeof(chunk)), 0);
+	assert_int_equal(sbx_buf_len(&b), 100000);
+	assert_true(b.alloc > 100000);
+	assert_int_equal(((const char *)sbx_buf_ptr(&b))[99999], 'x');
+	sbx_buf_fini(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_add_and_take),
 		cmocka_unit_test(test_cap),
 		cmocka_unit_test(test_growth),
+		cmocka_unit_test(test_uncapped),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

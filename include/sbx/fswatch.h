@@ -1,0 +1,81 @@
+/*
+ * Recursive inotify over a directory tree, reported as paths.
+ *
+ * One inotify watch per directory beneath `root`; a thread of its own reads
+ * the events and hands them to a callback as paths relative to the root.
+ * Directories created or moved into the tree later get watches as their
+ * events arrive; because entries may appear in such a directory before its
+ * watch exists, every entry found while adding the watch is reported too.
+ * Directory renames inside the tree keep their watches and only rewrite the
+ * recorded paths; a directory moved out of the tree is forgotten.  In a
+ * burst the thread lets events accumulate for a few milliseconds so inotify
+ * merges repeated ones.  After a queue overflow (or when the inotify watch
+ * limit is hit) an OVERFLOW event says "invalidate everything" and the tree
+ * is re-scanned for directories it may have missed.
+ *
+ * The exec barrier rests on one property of inotify: an event is queued
+ * inside the system call that causes it, so after a process has exited,
+ * sbx_fswatch_sync() delivers every change the process made.
+ *
+ * Used by sbx-agent (agent/handlers_watch.c).  The local provider
+ * (providers/local/plocal_watch.c) predates it and additionally tracks
+ * inode identities and suppresses its own events; it could be rebuilt on
+ * this module.
+ *
+ * Symlinks are never followed (IN_DONT_FOLLOW, lstat), so the watch stays
+ * beneath the root.
+ *
+ * Threads: the callback runs on the watcher thread, one event at a time, in
+ * order; it must not call sbx_fswatch_sync() or sbx_fswatch_free().  The
+ * other functions may be called from any thread.
+ *
+ * Errors: 0 or a negative errno with detail in sbx_error_last().
+ */
+#ifndef SBX_FSWATCH_H
+#define SBX_FSWATCH_H
+
+#include "sbx/error.h"
+
+struct sbx_fswatch;
+
+enum sbx_fswatch_kind {
+	SBX_FSWATCH_ENTRY = 1, /* a name appeared in or left a directory */
+	SBX_FSWATCH_DATA,      /* a file's content changed */
+	SBX_FSWATCH_ATTR,      /* attributes changed (mode, owner, times) */
+	SBX_FSWATCH_OVERFLOW,  /* events were lost: invalidate everything */
+};
+
+struct sbx_fswatch_event {
+	int kind; /* enum sbx_fswatch_kind */
+	/*
+	 * Relative to the root, "/"-separated, "" for the root itself; for
+	 * ENTRY the path of the name ("dir/name"); NULL for OVERFLOW.
+	 * Borrowed for the duration of the callback.
+	 */
+	const char *path;
+};
+
+typedef void (*sbx_fswatch_cb)(const struct sbx_fswatch_event *ev,
+			       void *payload);
+
+/*
+ * Watch `root` (a directory) recursively and start the watcher thread.
+ * Errors: -ENOENT/-ENOTDIR for a bad root; -errno from
+ * inotify_init1/eventfd/pthread_create; -ENOSPC when the
+ * inotify watch limit (fs.inotify.max_user_watches) is too low for the
+ * tree.  *out is released with sbx_fswatch_free().
+ */
+SBX_WUR int sbx_fswatch_new(struct sbx_fswatch **out, const char *root,
+			    sbx_fswatch_cb cb, void *payload);
+
+/*
+ * Barrier: return once the watcher thread has read and reported every event
+ * queued before this call.  -ETIMEDOUT after `timeout_ms`, -EIO when the
+ * watcher has stopped.  Safe from many threads at once.
+ */
+SBX_WUR int sbx_fswatch_sync(struct sbx_fswatch *w, int timeout_ms);
+
+/* Stop the thread and release everything.  Accepts NULL. */
+void sbx_fswatch_free(struct sbx_fswatch *w);
+
+#endif

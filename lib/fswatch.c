@@ -1,0 +1,460 @@
+/* Recursive inotify tree reported as relative paths; see sbx/fswatch.h. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sbx/fswatch.h"
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+
+#define WATCH_MASK                                                             \
+	(IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY |     \
+	 IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+
+/* In a burst (BURST_EVENTS read at once), let events accumulate this long. */
+#define COALESCE_MS 5
+#define BURST_EVENTS 64
+
+struct sbx_fswatch {
+	char *root; /* absolute */
+	int ifd;
+	int efd; /* wakes the thread: sync requests and stop */
+	pthread_t thread;
+	bool started;
+	sbx_fswatch_cb cb;
+	void *payload;
+
+	/* Relative directory paths indexed by watch descriptor; only the
+	 * watcher thread touches them after start. */
+	char **wds;
+	size_t nwds;
+
+	/* A directory moved away, waiting for its IN_MOVED_TO. */
+	uint32_t move_cookie;
+	char *move_path;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t req_gen;  /* protected by lock */
+	uint64_t done_gen; /* protected by lock */
+	bool stop;         /* protected by lock */
+	bool dead;         /* protected by lock: the thread has ended */
+};
+
+static void emit(struct sbx_fswatch *w, int kind, const char *path)
+{
+	struct sbx_fswatch_event ev = { .kind = kind, .path = path };
+
+	w->cb(&ev, w->payload);
+}
+
+static char *join(const char *dir, const char *name)
+{
+	if (!*dir)
+		return sbx_xstrdup(name);
+	return sbx_xasprintf("%s/%s", dir, name);
+}
+
+static char *absolute(struct sbx_fswatch *w, const char *rel)
+{
+	if (!*rel)
+		return sbx_xstrdup(w->root);
+	return sbx_xasprintf("%s/%s", w->root, rel);
+}
+
+static void set_wd(struct sbx_fswatch *w, int wd, const char *rel)
+{
+	if ((size_t)wd >= w->nwds) {
+		size_t n = w->nwds ? w->nwds : 64;
+
+		while (n <= (size_t)wd)
+			n *= 2;
+		w->wds = sbx_xrealloc(w->wds, n * sizeof(*w->wds));
+		memset(w->wds + w->nwds, 0, (n - w->nwds) * sizeof(*w->wds));
+		w->nwds = n;
+	}
+	free(w->wds[wd]);
+	w->wds[wd] = sbx_xstrdup(rel);
+}
+
+static void drop_wd(struct sbx_fswatch *w, int wd)
+{
+	if (wd < 0 || (size_t)wd >= w->nwds)
+		return;
+	free(w->wds[wd]);
+	w->wds[wd] = NULL;
+}
+
+/*
+ * Watch directory `rel` and every directory beneath it.  With `report`,
+ * emit ENTRY for every entry found (they may predate the watch).
+ */
+static int add_tree(struct sbx_fswatch *w, const char *rel, bool report)
+{
+	char *abs = absolute(w, rel);
+	struct dirent *e;
+	DIR *dir = NULL;
+	int wd, rc = 0;
+
+	wd = inotify_add_watch(w->ifd, abs, WATCH_MASK);
+	if (wd < 0) {
+		if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP)
+			goto out; /* gone again: its parent's event says so */
+		rc = sbx_error_os("inotify watch %s (raise "
+				  "fs.inotify.max_user_watches?)",
+				  abs);
+		goto out;
+	}
+	set_wd(w, wd, rel);
+	dir = opendir(abs);
+	if (!dir)
+		goto out;
+	while ((e = readdir(dir))) {
+		char *child;
+		bool isdir;
+
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		child = join(rel, e->d_name);
+		if (report)
+			emit(w, SBX_FSWATCH_ENTRY, child);
+		isdir = e->d_type == DT_DIR;
+		if (e->d_type == DT_UNKNOWN) {
+			struct stat st;
+
+			isdir = fstatat(dirfd(dir), e->d_name, &st,
+					AT_SYMLINK_NOFOLLOW) == 0 &&
+				S_ISDIR(st.st_mode);
+		}
+		if (isdir)
+			rc = add_tree(w, child, report);
+		free(child);
+		if (rc < 0)
+			break;
+	}
+out:
+	if (dir)
+		closedir(dir);
+	free(abs);
+	return rc;
+}
+
+static bool has_prefix(const char *path, const char *prefix, size_t plen)
+{
+	return !strncmp(path, prefix, plen) &&
+	       (path[plen] == '\0' || path[plen] == '/');
+}
+
+/* A directory moved from `from` to `to` inside the tree: fix paths. */
+static void rename_prefix(struct sbx_fswatch *w, const char *from,
+			  const char *to)
+{
+	size_t flen = strlen(from);
+
+	for (size_t i = 0; i < w->nwds; i++) {
+		char *p = w->wds[i];
+
+		if (!p || !has_prefix(p, from, flen))
+			continue;
+		w->wds[i] = sbx_xasprintf("%s%s", to, p + flen);
+		free(p);
+	}
+}
+
+/* A directory left the tree: stop watching it and everything below. */
+static void remove_prefix(struct sbx_fswatch *w, const char *from)
+{
+	size_t flen = strlen(from);
+
+	for (size_t i = 0; i < w->nwds; i++) {
+		if (!w->wds[i] || !has_prefix(w->wds[i], from, flen))
+			continue;
+		inotify_rm_watch(w->ifd, (int)i);
+		drop_wd(w, (int)i);
+	}
+}
+
+static void settle_move(struct sbx_fswatch *w)
+{
+	if (!w->move_path)
+		return;
+	remove_prefix(w, w->move_path);
+	free(w->move_path);
+	w->move_path = NULL;
+	w->move_cookie = 0;
+}
+
+static void overflow(struct sbx_fswatch *w, const char *why)
+{
+	if (why) {
+		sbx_warn("%s; invalidating everything", why);
+		sbx_error_clear();
+	}
+	emit(w, SBX_FSWATCH_OVERFLOW, NULL);
+	/* Directories created while events were lost have no watch yet;
+	 * adding an existing watch again only returns its descriptor. */
+	if (add_tree(w, "", false) < 0) {
+		sbx_warn("re-scan after overflow: %s", sbx_error_last()->msg);
+		sbx_error_clear();
+	}
+}
+
+static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
+{
+	const char *dir;
+	char *path;
+
+	if (ev->mask & IN_Q_OVERFLOW) {
+		overflow(w, NULL);
+		return;
+	}
+	if (ev->wd < 0 || (size_t)ev->wd >= w->nwds || !w->wds[ev->wd])
+		return;
+	if (ev->mask & IN_IGNORED) {
+		drop_wd(w, ev->wd);
+		return;
+	}
+	dir = w->wds[ev->wd];
+	if (ev->len == 0 || !ev->name[0]) {
+		/* About the watched directory itself. */
+		if (ev->mask & IN_ATTRIB)
+			emit(w, SBX_FSWATCH_ATTR, dir);
+		return;
+	}
+	/* A pending directory move that did not pair with this event. */
+	if (w->move_path &&
+	    !((ev->mask & IN_MOVED_TO) && ev->cookie == w->move_cookie))
+		settle_move(w);
+
+	path = join(dir, ev->name);
+	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
+		emit(w, SBX_FSWATCH_ENTRY, path);
+		if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
+			w->move_cookie = ev->cookie;
+			w->move_path = path;
+			path = NULL;
+		} else if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_TO) &&
+			   w->move_path && ev->cookie == w->move_cookie) {
+			rename_prefix(w, w->move_path, path);
+			free(w->move_path);
+			w->move_path = NULL;
+			w->move_cookie = 0;
+		} else if ((ev->mask & IN_ISDIR) &&
+			   (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
+			if (add_tree(w, path, true) < 0)
+				overflow(w, sbx_error_last()->msg);
+		}
+	} else if (ev->mask & IN_MODIFY) {
+		emit(w, SBX_FSWATCH_DATA, path);
+	} else if (ev->mask & IN_ATTRIB) {
+		emit(w, SBX_FSWATCH_ATTR, path);
+	}
+	free(path);
+}
+
+/* Read and handle everything queued now: the number of events, or -1. */
+static long drain(struct sbx_fswatch *w)
+{
+	char buf[64 * 1024]
+		__attribute__((aligned(__alignof__(struct inotify_event))));
+	long count = 0;
+
+	for (;;) {
+		ssize_t n = read(w->ifd, buf, sizeof(buf));
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				break;
+			sbx_error("inotify read: %s", strerror(errno));
+			return -1;
+		}
+		for (char *p = buf; p < buf + n;) {
+			const struct inotify_event *ev = (const void *)p;
+
+			handle(w, ev);
+			p += sizeof(*ev) + ev->len;
+			count++;
+		}
+	}
+	/* A move whose partner is not queued by now left the tree. */
+	settle_move(w);
+	return count;
+}
+
+static void *watcher(void *arg)
+{
+	struct sbx_fswatch *w = arg;
+	struct pollfd pfd[2] = {
+		{ .fd = w->ifd, .events = POLLIN },
+		{ .fd = w->efd, .events = POLLIN },
+	};
+	bool busy = false;
+
+	for (;;) {
+		uint64_t gen, v;
+		bool stop;
+		long n;
+
+		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (busy && !(pfd[1].revents & POLLIN)) {
+			/* Let a burst accumulate; a sync request cuts it. */
+			poll(&pfd[1], 1, COALESCE_MS);
+		}
+		if (read(w->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			break;
+		pthread_mutex_lock(&w->lock);
+		gen = w->req_gen;
+		stop = w->stop;
+		pthread_mutex_unlock(&w->lock);
+		if (stop)
+			break;
+		n = drain(w);
+		if (n < 0) {
+			emit(w, SBX_FSWATCH_OVERFLOW, NULL);
+			break;
+		}
+		busy = n >= BURST_EVENTS;
+		pthread_mutex_lock(&w->lock);
+		if (gen > w->done_gen) {
+			w->done_gen = gen;
+			pthread_cond_broadcast(&w->cond);
+		}
+		pthread_mutex_unlock(&w->lock);
+	}
+	/* Wake barrier waiters: they must not hang on a dead watcher. */
+	pthread_mutex_lock(&w->lock);
+	w->dead = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+static void wake(struct sbx_fswatch *w)
+{
+	uint64_t one = 1;
+
+	if (write(w->efd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: the counter is already non-zero, the thread wakes. */
+	}
+}
+
+void sbx_fswatch_free(struct sbx_fswatch *w)
+{
+	if (!w)
+		return;
+	if (w->started) {
+		pthread_mutex_lock(&w->lock);
+		w->stop = true;
+		pthread_mutex_unlock(&w->lock);
+		wake(w);
+		pthread_join(w->thread, NULL);
+	}
+	for (size_t i = 0; i < w->nwds; i++)
+		free(w->wds[i]);
+	free(w->wds);
+	free(w->move_path);
+	if (w->ifd >= 0)
+		close(w->ifd);
+	if (w->efd >= 0)
+		close(w->efd);
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	free(w->root);
+	free(w);
+}
+
+int sbx_fswatch_new(struct sbx_fswatch **out, const char *root,
+		    sbx_fswatch_cb cb, void *payload)
+{
+	struct sbx_fswatch *w;
+	struct stat st;
+	int rc;
+
+	*out = NULL;
+	SBX_ASSERT_ARG(root && cb);
+	/* add_tree() forgives directories that vanish; the root must not. */
+	if (stat(root, &st) < 0)
+		return sbx_error_os("watch %s", root);
+	if (!S_ISDIR(st.st_mode))
+		return sbx_error_set(SBX_ERR_OS, -ENOTDIR,
+				     "watch %s: not a directory", root);
+	w = sbx_xcalloc(1, sizeof(*w));
+	w->root = sbx_xstrdup(root);
+	w->cb = cb;
+	w->payload = payload;
+	w->efd = -1;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (w->ifd < 0) {
+		rc = sbx_error_os("inotify_init1");
+		goto fail;
+	}
+	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (w->efd < 0) {
+		rc = sbx_error_os("eventfd");
+		goto fail;
+	}
+	rc = add_tree(w, "", false);
+	if (rc < 0)
+		goto fail;
+	rc = -pthread_create(&w->thread, NULL, watcher, w);
+	if (rc < 0) {
+		rc = sbx_error_set(SBX_ERR_OS, rc, "cannot start watcher");
+		goto fail;
+	}
+	w->started = true;
+	*out = w;
+	return 0;
+fail:
+	sbx_fswatch_free(w);
+	return rc;
+}
+
+int sbx_fswatch_sync(struct sbx_fswatch *w, int timeout_ms)
+{
+	struct timespec deadline;
+	uint64_t gen;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += timeout_ms / 1000;
+	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&w->lock);
+	gen = ++w->req_gen;
+	wake(w);
+	while (rc == 0 && w->done_gen < gen && !w->dead) {
+		if (pthread_cond_timedwait(&w->cond, &w->lock, &deadline) ==
+		    ETIMEDOUT)
+			rc = sbx_error_set(SBX_ERR_INTERNAL, -ETIMEDOUT,
+					   "change stream did not catch up "
+					   "within %d ms",
+					   timeout_ms);
+	}
+	if (rc == 0 && w->done_gen < gen)
+		rc = sbx_error_set(SBX_ERR_INTERNAL, -EIO,
+				   "change stream stopped");
+	pthread_mutex_unlock(&w->lock);
+	return rc;
+}
