@@ -893,23 +893,30 @@ int plocal_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 
 	if ((rc = open_source(&src, o->repo)) < 0)
 		goto out;
-	if ((rc = start_commit(&commit, src, o->ref)) < 0)
-		goto out;
 
+	/*
+	 * A branch kept by an earlier `sbx down` holds the agent's commits:
+	 * a new sandbox of that session continues it.  Only an explicit
+	 * --ref asks for something else, and that we refuse rather than
+	 * guess.
+	 */
 	rc = git_branch_lookup(&branch, src, bname, GIT_BRANCH_LOCAL);
-	if (rc == 0) {
+	if (rc == 0 && o->ref) {
 		rc = sbx_error_set(SBX_ERR_STATE, -EEXIST,
-				   "branch %s already exists in %s (left from "
-				   "an earlier session?); delete it with `git "
-				   "branch -D %s` or pick another session name",
-				   bname, git_repository_commondir(src), bname);
+				   "branch %s already exists in %s (kept from "
+				   "an earlier session); run without --ref to "
+				   "continue it, or delete it with `git branch "
+				   "-D %s`", bname,
+				   git_repository_commondir(src), bname);
 		goto out;
 	}
-	if (rc != GIT_ENOTFOUND) {
+	if (rc < 0 && rc != GIT_ENOTFOUND) {
 		rc = lg_fail(rc, "cannot look up branch %s", bname);
 		goto out;
 	}
 	git_error_clear();
+	if (!branch && (rc = start_commit(&commit, src, o->ref)) < 0)
+		goto out;
 	if ((rc = clear_stale_registration(src, wtname, o->session)) < 0)
 		goto out;
 	/* Whatever is left at the registration path is not ours to remove,
@@ -926,12 +933,14 @@ int plocal_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 
 	/* From here on, anything made is undone on failure. */
 	touched = true;
-	rc = git_branch_create(&branch, src, bname, commit, 0);
-	if (rc < 0) {
-		rc = lg_fail(rc, "cannot create branch %s", bname);
-		goto out;
+	if (!branch) {
+		rc = git_branch_create(&branch, src, bname, commit, 0);
+		if (rc < 0) {
+			rc = lg_fail(rc, "cannot create branch %s", bname);
+			goto out;
+		}
+		made_branch = true;
 	}
-	made_branch = true;
 	ao.ref = branch;
 	ao.checkout_options.checkout_strategy = GIT_CHECKOUT_SAFE;
 	rc = git_worktree_add(&wt, src, wtname, path, &ao);

@@ -912,16 +912,40 @@ static void test_create_twice_and_rollback(void **state)
 	assert_int_equal(info.state, SBX_STATE_READY);
 	sbx_sandbox_info_fini(&info);
 
-	/* A leftover branch is refused before anything is made. */
+	/* A branch kept by an earlier `sbx down` is continued: the new
+	 * worktree starts at its commit, not at HEAD... */
 	assert_int_equal(git_reference_create(NULL, f->r,
 					      "refs/heads/sbx/left", &f->c1,
 					      0, NULL),
 			 0);
-	rc = do_create(f, "left", NULL, false, NULL);
+	/* ...but an explicit --ref is refused before anything is made. */
+	rc = do_create(f, "left", "HEAD", false, NULL);
 	assert_err(rc, -EEXIST, SBX_ERR_STATE);
 	assert_non_null(strstr(sbx_error_last()->msg, "git branch -D"));
+	{
+		char *lw = worktree_of(f, "left");
+
+		assert_false(exists(lw, ""));
+		free(lw);
+	}
+	rc = do_create(f, "left", NULL, false, NULL);
+	assert_int_equal(rc, 0);
 	assert_true(resolve(f->r, "refs/heads/sbx/left", &oid));
 	assert_true(git_oid_equal(&oid, &f->c1));
+	{
+		git_repository *lr = NULL;
+		git_reference *head = NULL;
+		char *lw = worktree_of(f, "left");
+
+		assert_int_equal(git_repository_open(&lr, lw), 0);
+		assert_int_equal(git_repository_head(&head, lr), 0);
+		assert_true(git_oid_equal(git_reference_target(head), &f->c1));
+		assert_string_equal(git_reference_name(head),
+				    "refs/heads/sbx/left");
+		git_reference_free(head);
+		git_repository_free(lr);
+		free(lw);
+	}
 
 	/* A failure after the branch and worktree exist (carrying changes
 	 * out of a corrupt index) undoes everything. */

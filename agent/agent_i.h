@@ -1,0 +1,336 @@
+/*
+ * sbx-agent internals: the server state, the request context, the route
+ * table and the per-area handler entry points.  docs/protocol.md is the
+ * contract; include/sbx/proto.h holds the wire encodings shared with the
+ * client.
+ *
+ * Threads.  libmicrohttpd runs one thread per connection
+ * (MHD_USE_THREAD_PER_CONNECTION), so a handler and a streaming reader
+ * callback may block.  State shared between connections:
+ *   - struct agent: immutable after agent_server_run() starts serving,
+ *     except `stopping` (atomic);
+ *   - the watch ring: agent_watch's own lock (handlers_watch.c);
+ *   - the exec table and each process: their own locks (handlers_exec.c);
+ *     lock order: table lock before a process's lock.
+ * The thread-local error (sbx/error.h) is valid within one handler call.
+ *
+ * Errors: functions return 0 or a negative errno with detail in
+ * sbx_error_last(); handlers turn that into the error JSON.  Handlers are
+ * the replying layer and the only one that logs.
+ */
+#ifndef SBX_AGENT_I_H
+#define SBX_AGENT_I_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sbx/buf.h"
+#include "sbx/error.h"
+
+struct cJSON;
+struct MHD_Connection;
+struct MHD_Daemon;
+struct MHD_Response;
+struct agent_watch;
+struct agent_execs;
+
+/* Command-line options of `sbx-agent serve`.  Strings borrowed. */
+struct agent_options {
+	const char *root;
+	const char *listen;
+	const char *token_file;
+	const char *tls_cert;
+	const char *tls_key;
+};
+
+struct agent {
+	char *root_path; /* realpath of --root */
+	int root_fd;     /* O_PATH | O_DIRECTORY */
+	bool use_openat2; /* false: the userspace resolver (confine.c) */
+	char *token;     /* first line of the token file */
+	size_t token_len;
+	char boot_id[33]; /* 128 random bits, hex */
+	struct MHD_Daemon *mhd;
+	int listen_fd;
+	char *unix_path; /* unlinked at exit */
+	struct agent_watch *watch;
+	struct agent_execs *execs;
+	atomic_bool stopping;
+};
+
+/*
+ * The command line: `sbx-agent serve ...`, `--version`, `help`.  Returns
+ * the process exit status (0, 1 on errors, 2 on usage errors).
+ */
+int agent_main(int argc, char **argv);
+
+/* ---- requests (server.c) ------------------------------------------------- */
+
+struct agent_route;
+
+/* One HTTP request; lives from the first access-handler call to
+ * MHD's completion callback. */
+struct agent_req {
+	struct agent *a;
+	struct MHD_Connection *conn;
+	const struct agent_route *route;
+	const char *method; /* borrowed from MHD */
+	char *url;          /* the path as received (for logs) */
+	char *id;           /* exec id from the route pattern, or NULL */
+	struct sbx_buf body;
+	bool body_too_big;
+	bool answered;      /* a response was queued */
+	unsigned status;    /* for the request log */
+	uint64_t start_ns;
+};
+
+/*
+ * A handler answers the request by queuing exactly one response with the
+ * agent_reply_*() helpers and returns their result (an MHD_Result).
+ */
+typedef int (*agent_handler)(struct agent_req *r);
+
+struct agent_route {
+	const char *method;
+	const char *pattern; /* "/v1/exec/ * /output" with '*' = one id */
+	agent_handler handler;
+	bool auth;           /* requires X-Sbx-Token */
+	size_t max_body;     /* 0: no body expected */
+};
+
+/*
+ * Find the route for `path` (the URL path, percent-decoded): the suffix
+ * starting at the last "/v1/" that begins a known route, so a reverse
+ * proxy may add any prefix.  On a match *route_out is set; *id_out gets a
+ * malloc'd copy of the '*' segment (NULL when none).  Returns 0, -ENOENT
+ * (no route) or -EOPNOTSUPP (the path exists for another method: 405).
+ */
+int agent_route_find(const struct agent_route **route_out, char **id_out,
+		     const char *method, const char *path);
+
+/* ---- replies (server.c) -------------------------------------------------- */
+
+/* Add X-Sbx-Agent and Content-Type, queue, destroy; records the status. */
+int agent_reply(struct agent_req *r, unsigned status,
+		struct MHD_Response *resp, const char *content_type);
+/* Answer a JSON document (taken: deleted here) with `status`. */
+int agent_reply_json(struct agent_req *r, unsigned status,
+		     struct cJSON *take);
+/* {"ok":true} */
+int agent_reply_ok(struct agent_req *r);
+/*
+ * Answer the error JSON for `rc` (negative errno); the message is
+ * sbx_error_last()'s when it belongs to rc, else strerror.  Status per
+ * sbx_proto_http_status() unless `status` is non-zero.
+ */
+int agent_reply_error(struct agent_req *r, unsigned status, int rc);
+
+/* Query argument `key` (decoded) or NULL. */
+const char *agent_arg(struct agent_req *r, const char *key);
+/*
+ * Integer query argument: *out = dflt when absent; -EINVAL (with a
+ * message) when not a decimal integer within [lo, hi].
+ */
+int agent_arg_int(struct agent_req *r, const char *key, long long dflt,
+		  long long lo, long long hi, long long *out);
+/* Parse the request body as a JSON object (-EINVAL when it is not). */
+int agent_body_json(struct agent_req *r, struct cJSON **out);
+
+/*
+ * Is the client of `conn` still connected?  Used by streams that block
+ * waiting for data, so a vanished client frees its thread.
+ */
+bool agent_conn_alive(struct MHD_Connection *conn);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t agent_now_ns(void);
+
+/* Run the server until SIGINT/SIGTERM.  Returns 0 or -errno. */
+SBX_WUR int agent_server_run(const struct agent_options *opt);
+
+/* ---- confinement (confine.c) --------------------------------------------- */
+
+/*
+ * Normalise a client path: strip leading and repeated '/', drop "."
+ * components.  ".." is kept (the resolver refuses escapes with -EXDEV, so
+ * "a/../b" works and "../x" does not).  -EINVAL for a NUL, -ENAMETOOLONG
+ * beyond PATH_MAX.  *out malloc'd; "" is the root.
+ */
+SBX_WUR int agent_path_norm(const char *in, char **out);
+
+/*
+ * Open `path` (normalised) beneath the root, following symlinks that stay
+ * inside it: openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), or the
+ * userspace equivalent.  `flags` as for open(2) (O_CLOEXEC added).
+ * -EXDEV for escapes (.., absolute symlinks, links pointing out).
+ */
+SBX_WUR int agent_open(struct agent *a, const char *path, int flags,
+		       mode_t mode, int *fd_out);
+
+/*
+ * Resolve the parent of `path` (following symlinks beneath the root) as an
+ * O_PATH directory fd and return the last component, for operations on the
+ * last component itself (lstat, unlink, rename, ...).  For the root and for
+ * a path ending in "..", *dirfd_out is the object itself and *name_out is
+ * "" (use AT_EMPTY_PATH; refuse creating/removing it).  *name_out points
+ * into *buf_out (malloc'd; free it).  The caller closes *dirfd_out.
+ */
+SBX_WUR int agent_parent(struct agent *a, const char *path, int *dirfd_out,
+			 const char **name_out, char **buf_out);
+
+/* Probe openat2 (and honour SBX_AGENT_NO_OPENAT2=1 for tests). */
+void agent_confine_init(struct agent *a);
+
+/* ---- file system (handlers_fs.c) ----------------------------------------- */
+
+int agent_h_stat(struct agent_req *r);
+int agent_h_list(struct agent_req *r);
+int agent_h_read(struct agent_req *r);
+int agent_h_write(struct agent_req *r);
+int agent_h_readlink(struct agent_req *r);
+int agent_h_statfs(struct agent_req *r);
+int agent_h_batch(struct agent_req *r);
+int agent_h_bulk(struct agent_req *r);
+
+/*
+ * A parsed batch (POST /v1/fs/batch).  Parsing is pure (no I/O) so it can
+ * be fuzzed: agent_batch_parse() checks the document's shape and every
+ * op's fields; an op with bad fields keeps its error in `rc`/`msg` and
+ * answers it as its result, so one bad op does not fail the batch.
+ */
+enum agent_op_kind {
+	AGENT_OP_STAT = 1,
+	AGENT_OP_LIST,
+	AGENT_OP_MKDIR,
+	AGENT_OP_MKNOD,
+	AGENT_OP_CREATE,
+	AGENT_OP_SYMLINK,
+	AGENT_OP_LINK,
+	AGENT_OP_UNLINK,
+	AGENT_OP_RMDIR,
+	AGENT_OP_RENAME,
+	AGENT_OP_SETATTR,
+	AGENT_OP_WRITE,
+	AGENT_OP_READ,
+	AGENT_OP_READLINK,
+	AGENT_OP_FSYNC,
+	AGENT_OP_FALLOCATE,
+	AGENT_OP_GETXATTR,
+	AGENT_OP_LISTXATTR,
+	AGENT_OP_SETXATTR,
+	AGENT_OP_REMOVEXATTR,
+	AGENT_OP_STATFS,
+};
+
+/* Time for setattr: not given, "now", or a value. */
+enum agent_time_set { AGENT_TIME_OMIT = 0, AGENT_TIME_NOW, AGENT_TIME_SET };
+
+struct agent_op {
+	int kind;          /* enum agent_op_kind; 0 when unknown */
+	int rc;            /* parse error (negative errno) or 0 */
+	char *msg;         /* parse error message, malloc'd */
+	char *path;        /* normalised, malloc'd */
+	char *newpath;     /* link/rename, normalised */
+	char *target;      /* symlink target, as given */
+	char *name;        /* xattr name */
+	unsigned char *data; /* decoded base64 (write data, xattr value) */
+	size_t data_len;
+	long long offset, length;
+	unsigned mode;
+	unsigned long long rdev;
+	bool has_mode, has_uid, has_gid, has_size;
+	unsigned uid, gid;
+	long long size;
+	int atime_set, mtime_set; /* enum agent_time_set */
+	long long atime_s, atime_ns, mtime_s, mtime_ns;
+	bool excl, truncate, append, datasync;
+	unsigned flags;    /* rename: RENAME_*; setxattr: XATTR_* */
+	int fmode;         /* fallocate mode */
+};
+
+struct agent_batch {
+	struct agent_op *ops;
+	size_t n;
+	bool stop_on_error;
+};
+
+/*
+ * Parse a batch body of `len` bytes.  -EINVAL (400) when it is not a JSON
+ * object with an "ops" array of objects; -EFBIG (413) beyond
+ * SBX_PROTO_MAX_BATCH ops.  *out released with agent_batch_free().
+ */
+SBX_WUR int agent_batch_parse(const char *body, size_t len,
+			      struct agent_batch **out);
+void agent_batch_free(struct agent_batch *b);
+
+/* ---- watch (handlers_watch.c) -------------------------------------------- */
+
+/* Start the recursive watch of the root.  Failure is not fatal: the agent
+ * serves without the `watch` capability and logs why. */
+SBX_WUR int agent_watch_start(struct agent *a);
+void agent_watch_stop(struct agent *a);
+/* Wake blocked watch streams (shutdown). */
+void agent_watch_wake(struct agent *a);
+bool agent_watch_enabled(struct agent *a);
+/* The sequence number of the last event. */
+uint64_t agent_watch_seq(struct agent *a);
+/*
+ * Barrier: every change queued by inotify before the call has its sequence
+ * number when this returns; then answers agent_watch_seq().  On timeout
+ * the current sequence is returned after an overflow event, so a client
+ * never trusts a sequence that may miss changes.
+ */
+uint64_t agent_watch_sync_seq(struct agent *a);
+
+int agent_h_watch(struct agent_req *r);
+
+/* ---- exec (handlers_exec.c) ---------------------------------------------- */
+
+SBX_WUR int agent_exec_init(struct agent *a);
+/* Kill every process group and free the table (after the server stopped). */
+void agent_exec_fini(struct agent *a);
+void agent_exec_wake(struct agent *a);
+
+int agent_h_exec_start(struct agent_req *r);
+int agent_h_exec_output(struct agent_req *r);
+int agent_h_exec_stdin(struct agent_req *r);
+int agent_h_exec_resize(struct agent_req *r);
+int agent_h_exec_signal(struct agent_req *r);
+int agent_h_exec_status(struct agent_req *r);
+int agent_h_exec_delete(struct agent_req *r);
+
+/* ---- health and info (routes.c) ------------------------------------------ */
+
+int agent_h_health(struct agent_req *r);
+int agent_h_info(struct agent_req *r);
+
+/* ---- streams (server.c) -------------------------------------------------- */
+
+/*
+ * A streamed frames response.  `next` is called (on the connection's thread,
+ * may block) to append at least one frame to `out`; it returns 0 to go on,
+ * 1 when the stream is complete (after the end frame), or a negative errno
+ * to abort the connection (the client sees a dropped stream).  `fini`
+ * releases the state (also when the client went away).
+ */
+struct agent_stream {
+	int (*next)(struct agent_stream *s, struct sbx_buf *out);
+	void (*fini)(struct agent_stream *s);
+	struct agent *a;
+	struct MHD_Connection *conn;
+};
+
+/* Answer `s` (taken) as application/octet-stream frames. */
+int agent_reply_stream(struct agent_req *r, struct agent_stream *s);
+
+/*
+ * Append one frame (hdr taken).  Producers size frames below the protocol
+ * limits; a frame that still does not fit is logged and left out whole.
+ */
+void agent_frame(struct sbx_buf *out, struct cJSON *take_hdr,
+		 const void *data, size_t len);
+
+#endif

@@ -1,0 +1,135 @@
+/* Unit tests: lib/fswatch.c (recursive inotify reported as paths). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sbx/fswatch.h"
+#include "test_helpers_i.h"
+
+struct seen {
+	pthread_mutex_t lock;
+	char log[16384]; /* "kind:path\n" lines */
+};
+
+static void on_event(const struct sbx_fswatch_event *ev, void *payload)
+{
+	struct seen *s = payload;
+	size_t n;
+
+	pthread_mutex_lock(&s->lock);
+	n = strlen(s->log);
+	snprintf(s->log + n, sizeof(s->log) - n, "%d:%s\n", ev->kind,
+		 ev->path ? ev->path : "(null)");
+	pthread_mutex_unlock(&s->lock);
+}
+
+static bool saw(struct seen *s, int kind, const char *path)
+{
+	char line[512];
+	bool found;
+
+	snprintf(line, sizeof(line), "%d:%s\n", kind, path);
+	pthread_mutex_lock(&s->lock);
+	found = strstr(s->log, line) != NULL;
+	pthread_mutex_unlock(&s->lock);
+	return found;
+}
+
+static void clear(struct seen *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->log[0] = '\0';
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void test_tree(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096];
+	struct sbx_fswatch *w = NULL;
+	struct seen s = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/pre", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_event, &s), 0);
+
+	/* a file in the root and in a directory that existed before */
+	snprintf(p, sizeof(p), "%s/a", dir);
+	th_write(p, "x");
+	snprintf(p, sizeof(p), "%s/pre/b", dir);
+	th_write(p, "y");
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "a"));
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "pre/b"));
+	assert_true(saw(&s, SBX_FSWATCH_DATA, "pre/b"));
+
+	/* a directory created later is watched too */
+	clear(&s);
+	snprintf(p, sizeof(p), "%s/new", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	snprintf(p, sizeof(p), "%s/new/c", dir);
+	th_write(p, "z");
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "new"));
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "new/c"));
+
+	/* a renamed directory keeps its watch under the new name */
+	clear(&s);
+	{
+		char q[4096];
+
+		snprintf(p, sizeof(p), "%s/new", dir);
+		snprintf(q, sizeof(q), "%s/renamed", dir);
+		assert_int_equal(rename(p, q), 0);
+	}
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	snprintf(p, sizeof(p), "%s/renamed/d", dir);
+	th_write(p, "w");
+	assert_int_equal(chmod(p, 0600), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "new"));
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "renamed"));
+	assert_true(saw(&s, SBX_FSWATCH_ENTRY, "renamed/d"));
+	assert_true(saw(&s, SBX_FSWATCH_ATTR, "renamed/d"));
+
+	sbx_fswatch_free(w);
+	sbx_fswatch_free(NULL);
+	th_rmrf(dir);
+	free(dir);
+}
+
+static void test_bad_root(void **state)
+{
+	struct sbx_fswatch *w = (void *)1;
+	struct seen s = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+	assert_int_equal(sbx_fswatch_new(&w, "/nonexistent-sbx-test", on_event,
+					 &s),
+			 -ENOENT);
+	assert_null(w);
+	assert_int_equal(sbx_fswatch_new(&w, "/etc/hostname", on_event, &s),
+			 -ENOTDIR);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tree),
+		cmocka_unit_test(test_bad_root),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
