@@ -218,6 +218,7 @@ enum agent_op_kind {
 	AGENT_OP_READLINK,
 	AGENT_OP_FSYNC,
 	AGENT_OP_FALLOCATE,
+	AGENT_OP_LSEEK,
 	AGENT_OP_GETXATTR,
 	AGENT_OP_LISTXATTR,
 	AGENT_OP_SETXATTR,
@@ -249,6 +250,7 @@ struct agent_op {
 	bool excl, truncate, append, datasync;
 	unsigned flags;    /* rename: RENAME_*; setxattr: XATTR_* */
 	int fmode;         /* fallocate mode */
+	int whence;        /* lseek: SEEK_DATA or SEEK_HOLE */
 };
 
 struct agent_batch {

@@ -421,6 +421,7 @@ static const struct {
 	{ "readlink", AGENT_OP_READLINK },
 	{ "fsync", AGENT_OP_FSYNC },
 	{ "fallocate", AGENT_OP_FALLOCATE },
+	{ "lseek", AGENT_OP_LSEEK },
 	{ "getxattr", AGENT_OP_GETXATTR },
 	{ "listxattr", AGENT_OP_LISTXATTR },
 	{ "setxattr", AGENT_OP_SETXATTR },
@@ -717,6 +718,21 @@ static void parse_op(struct agent_op *op, const cJSON *o, size_t index)
 	case AGENT_OP_FSYNC:
 		p_bool(&c, o, "datasync", &op->datasync);
 		break;
+	case AGENT_OP_LSEEK: {
+		const cJSON *w = cJSON_GetObjectItemCaseSensitive(o, "whence");
+
+		if (p_int(&c, o, "offset", true, 0, (long long)1 << 53,
+			  &op->offset, NULL) < 0)
+			return;
+		/* Only what needs the file's extents: the rest is local. */
+		if (cJSON_IsString(w) && strcmp(w->valuestring, "data") == 0)
+			op->whence = SEEK_DATA;
+		else if (cJSON_IsString(w) && strcmp(w->valuestring, "hole") == 0)
+			op->whence = SEEK_HOLE;
+		else
+			perr(&c, "whence", "must be \"data\" or \"hole\"");
+		break;
+	}
 	case AGENT_OP_FALLOCATE:
 		if (p_int(&c, o, "mode", false, 0, INT32_MAX, &v, NULL) < 0)
 			return;
@@ -1055,6 +1071,15 @@ static int op_data(struct exec_ctx *x, const struct agent_op *op, cJSON *res)
 			      (off_t)op->length) < 0)
 			rc = sbx_error_os("fallocate %s", op->path);
 		break;
+	case AGENT_OP_LSEEK: {
+		off_t r = lseek(fd, (off_t)op->offset, op->whence);
+
+		if (r < 0)
+			rc = sbx_error_os("lseek %s", op->path);
+		else
+			cJSON_AddNumberToObject(res, "offset", (double)r);
+		break;
+	}
 	}
 	if (rc == 0 && (op->kind == AGENT_OP_WRITE || op->kind == AGENT_OP_READ)) {
 		if (fstat(fd, &st) == 0)
@@ -1101,6 +1126,7 @@ static int run_op(struct agent *a, const struct agent_op *op, cJSON *res)
 	case AGENT_OP_READ:
 	case AGENT_OP_FSYNC:
 	case AGENT_OP_FALLOCATE:
+	case AGENT_OP_LSEEK:
 		return op_data(&x, op, res);
 	default:
 		break;

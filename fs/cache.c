@@ -84,6 +84,13 @@ struct cnode {
 
 	struct content *content;
 	unsigned dirty;       /* open files with unpushed writes */
+	unsigned opens;       /* open files */
+	unsigned active;      /* open files not yet closed (FLUSH) */
+	bool hidden;          /* a silly-renamed file: never listed */
+
+	/* Hard links: other names of the same file, in a ring. */
+	struct cnode *alias;
+	struct cnode *ino_next; /* chain in cache->ino_tab */
 };
 
 struct cfile {
@@ -91,6 +98,12 @@ struct cfile {
 	struct sbx_file *inner; /* opened lazily */
 	struct sbx_node *inner_node;
 	int flags;
+	/*
+	 * Serialises writes and pushes of this file: the kernel sends
+	 * write-back of several pages of one file from several threads.
+	 */
+	pthread_mutex_t wlock;
+	bool flushed;           /* closed (FLUSH seen) and not used since */
 	/* One contiguous extent of unpushed writes. */
 	char *buf;
 	size_t buf_len;
@@ -118,7 +131,33 @@ struct cache {
 	char *disk_dir;
 	unsigned long disk_seq;
 	struct cfile *dirty;      /* files with buffered writes */
+	struct cnode *ino_tab[256]; /* multi-link files by ino */
+	struct expect *expect;    /* entry events our own calls will cause */
+	unsigned long silly_seq;
 };
+
+/*
+ * An entry event our own call through the mount will cause.  The cache and
+ * the kernel already know of that change, so the event is dropped instead
+ * of making the name UNKNOWN (which would cost a round trip on the next
+ * lookup).  Registered before the call, cancelled if it fails.
+ */
+struct expect {
+	struct expect *next;
+	char path[];
+};
+
+/* Hidden names of open files removed through the mount (silly_rename). */
+#define SILLY_PREFIX ".sbx-silly."
+
+struct cache;
+struct cnode;
+static void unlink_hidden_locked(struct cache *c, struct cnode *n);
+
+static bool is_silly(const char *name)
+{
+	return strncmp(name, SILLY_PREFIX, sizeof(SILLY_PREFIX) - 1) == 0;
+}
 
 #define CACHE(sb) ((struct cache *)(sb))
 #define CNODE(n) ((struct cnode *)(n))
@@ -224,7 +263,63 @@ static struct cnode *kid_get(struct cnode *dir, const char *name)
 	return k;
 }
 
-static void set_st(struct cnode *n, const struct stat *st)
+static void ring_remove(struct cache *c, struct cnode *n)
+{
+	struct cnode **pp = &c->ino_tab[n->st.st_ino & 255];
+	struct cnode *next = n->alias;
+
+	while (*pp && *pp != n)
+		pp = &(*pp)->ino_next;
+	if (*pp) {
+		/* Keep the ring findable through another member. */
+		if (next) {
+			next->ino_next = n->ino_next;
+			*pp = next;
+		} else {
+			*pp = n->ino_next;
+		}
+	}
+	n->ino_next = NULL;
+	if (next) {
+		struct cnode *prev = next;
+
+		while (prev->alias != n)
+			prev = prev->alias;
+		prev->alias = prev == next ? NULL : next;
+		n->alias = NULL;
+	}
+}
+
+/*
+ * Files with several names share one kernel inode (the daemon dedups by
+ * inode number) but are separate nodes here, one per name.  Tie them in a
+ * ring so that an operation on the inode can use any name still present.
+ */
+static void ring_join(struct cache *c, struct cnode *n)
+{
+	struct cnode *o;
+
+	for (o = c->ino_tab[n->st.st_ino & 255]; o; o = o->ino_next)
+		if (o->st.st_ino == n->st.st_ino && o != n)
+			break;
+	if (!o) {
+		n->ino_next = c->ino_tab[n->st.st_ino & 255];
+		c->ino_tab[n->st.st_ino & 255] = n;
+		return;
+	}
+	for (struct cnode *x = o->alias; x && x != o; x = x->alias)
+		if (x == n)
+			return; /* already in the ring */
+	n->alias = o->alias ? o->alias : o;
+	o->alias = n;
+}
+
+/*
+ * Record attributes for n.  They were fetched under n's own name (a lookup,
+ * a listing, a creation), so n is present; see refresh_st for attributes
+ * fetched through path_of, possibly under another name.
+ */
+static void set_st(struct cache *c, struct cnode *n, const struct stat *st)
 {
 	/* A changed identity or type means another object: drop caches. */
 	if (n->st_valid && (n->st.st_ino != st->st_ino ||
@@ -232,15 +327,30 @@ static void set_st(struct cnode *n, const struct stat *st)
 		free(n->link);
 		n->link = NULL;
 		n->complete = false;
+		if (n->alias || n->ino_next)
+			ring_remove(c, n);
 	}
 	n->st = *st;
 	n->st_valid = true;
 	n->st_time = now();
 	n->slot = S_PRESENT;
+	if (S_ISREG(st->st_mode) && st->st_nlink > 1)
+		ring_join(c, n);
 }
 
-/* Path of n relative to the root, malloc'd; NULL for an orphan. */
-static char *path_of(struct cnode *n)
+/* Attributes fetched through path_of(n): they say nothing of n's name. */
+static void refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
+{
+	enum slot was = n->slot;
+
+	set_st(c, n, st);
+	if (was == S_ABSENT)
+		n->slot = S_ABSENT;
+}
+
+/* Path of n in the tree relative to the root, malloc'd; NULL for an
+ * orphan. */
+static char *tree_path(struct cnode *n)
 {
 	size_t len = 0, pos;
 	struct cnode *x;
@@ -268,6 +378,23 @@ static char *path_of(struct cnode *n)
 	if (len > 0 && p[0] == '/')
 		memmove(p, p + 1, len);
 	return p;
+}
+
+/*
+ * The path to use for operations on n: its own name while present, else
+ * another name of the same file (hard links), else its own (the sandbox
+ * will answer ENOENT).  NULL when n has no path at all.
+ */
+static char *path_of(struct cnode *n)
+{
+	char *p;
+
+	if (n->slot != S_ABSENT && (p = tree_path(n)))
+		return p;
+	for (struct cnode *a = n->alias; a && a != n; a = a->alias)
+		if (a->slot != S_ABSENT && (p = tree_path(a)))
+			return p;
+	return tree_path(n);
 }
 
 static char *child_path(struct cnode *dir, const char *name)
@@ -438,6 +565,72 @@ static ssize_t content_read(struct cache *c, struct cnode *n, void *buf,
 	return got;
 }
 
+/* ---- own changes ---------------------------------------------------------- */
+
+static struct expect *expect_add(struct cache *c, struct cnode *dir,
+				 const char *name)
+{
+	struct expect *e;
+	char *p;
+
+	if (!c->watching)
+		return NULL;
+	pthread_mutex_lock(&c->lock);
+	p = child_path(dir, name);
+	if (!p) {
+		pthread_mutex_unlock(&c->lock);
+		return NULL;
+	}
+	e = sbx_xmalloc(sizeof(*e) + strlen(p) + 1);
+	strcpy(e->path, p); /* sized above */
+	free(p);
+	e->next = c->expect;
+	c->expect = e;
+	pthread_mutex_unlock(&c->lock);
+	return e;
+}
+
+/* The call failed: no event will come for it. */
+static void expect_cancel(struct cache *c, struct expect *e)
+{
+	struct expect **pp;
+
+	if (!e)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (pp = &c->expect; *pp && *pp != e; pp = &(*pp)->next)
+		;
+	if (*pp) {
+		*pp = e->next;
+		free(e);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Caller holds c->lock.  True (and consumed) when path was expected. */
+static bool expect_take(struct cache *c, const char *path)
+{
+	struct expect **pp, *e;
+
+	for (pp = &c->expect; (e = *pp); pp = &e->next)
+		if (strcmp(e->path, path) == 0) {
+			*pp = e->next;
+			free(e);
+			return true;
+		}
+	return false;
+}
+
+static void expect_clear(struct cache *c)
+{
+	while (c->expect) {
+		struct expect *e = c->expect;
+
+		c->expect = e->next;
+		free(e);
+	}
+}
+
 /* ---- inner calls --------------------------------------------------------- */
 
 static int inner_node(struct cache *c, const char *path, struct sbx_node **out)
@@ -494,7 +687,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	pthread_mutex_lock(&c->lock);
 	n = resolve(c, it->path, true);
 	if (n && !n->dirty) {
-		set_st(n, &it->st);
+		set_st(c, n, &it->st);
 		if (it->kind == SBX_BULK_DIR) {
 			/* Names not listed are gone; listed ones present. */
 			for (size_t b = 0; b < n->nbuckets; b++)
@@ -503,10 +696,14 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 					if (!k->dirty)
 						k->slot = S_ABSENT;
 			for (size_t i = 0; i < it->nentries; i++) {
-				struct cnode *k = kid_get(n, it->entries[i].name);
+				struct cnode *k;
+
+				if (is_silly(it->entries[i].name))
+					continue;
+				k = kid_get(n, it->entries[i].name);
 
 				if (!k->dirty)
-					set_st(k, &it->entries[i].st);
+					set_st(c, k, &it->entries[i].st);
 				else
 					k->slot = S_PRESENT;
 			}
@@ -612,7 +809,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 			dir->list_time = now();
 	} else if (rc == 0) {
 		k = kid_get(dir, name);
-		set_st(k, &fst);
+		set_st(c, k, &fst);
 		*st = fst;
 		*out = (struct sbx_node *)k;
 	}
@@ -626,6 +823,14 @@ static void c_forget(struct sbx_sandbox *sb, struct sbx_node *node)
 }
 
 static int push(struct cache *c, struct cfile *f);
+static int push_node(struct cache *c, struct cnode *n);
+
+/* A silly-renamed file is unlinked as far as the user is concerned. */
+static void hide_link(const struct cnode *n, struct stat *st)
+{
+	if (n->hidden && st->st_nlink > 0)
+		st->st_nlink--;
+}
 
 static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, struct stat *st)
@@ -637,14 +842,15 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	int rc;
 
 	/* Buffered writes change the size: push them so the answer is true. */
-	if (fh && CFILE(fh)->buf_len) {
-		rc = push(c, CFILE(fh));
+	if (n->dirty) {
+		rc = push_node(c, n);
 		if (rc < 0)
 			return rc;
 	}
 	pthread_mutex_lock(&c->lock);
 	if (n->st_valid && !n->dirty && fresh(c, n->st_time)) {
 		*st = n->st;
+		hide_link(n, st);
 		pthread_mutex_unlock(&c->lock);
 		return 0;
 	}
@@ -658,8 +864,9 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&c->lock);
-	set_st(n, &fst);
+	refresh_st(c, n, &fst);
 	*st = fst;
+	hide_link(n, st);
 	pthread_mutex_unlock(&c->lock);
 	return 0;
 }
@@ -714,7 +921,7 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	c->inner->ops->forget(c->inner, inode);
 	pthread_mutex_lock(&c->lock);
 	if (rc == 0) {
-		set_st(n, out);
+		refresh_st(c, n, out);
 		if (valid & SBX_SET_SIZE)
 			content_drop(c, n);
 	} else {
@@ -773,7 +980,7 @@ static struct cnode *created(struct cache *c, struct cnode *dir,
 
 	pthread_mutex_lock(&c->lock);
 	k = kid_get(dir, name);
-	set_st(k, st);
+	set_st(c, k, st);
 	content_drop(c, k);
 	dir->st_valid = false;
 	pthread_mutex_unlock(&c->lock);
@@ -781,6 +988,16 @@ static struct cnode *created(struct cache *c, struct cnode *dir,
 }
 
 /* Run an inner creation op on the parent's node; see the callers. */
+/* Evaluate `call` (an int rc) expecting an entry event for dir/name. */
+#define EXPECTING(c, dir, name, call)                                          \
+	({                                                                     \
+		struct expect *x_ = expect_add(c, dir, name);                  \
+		int rx_ = (call);                                              \
+		if (rx_ < 0)                                                   \
+			expect_cancel(c, x_);                                  \
+		rx_;                                                           \
+	})
+
 #define WITH_PARENT(c, dir, inode, body)                                       \
 	({                                                                     \
 		char *p_;                                                      \
@@ -819,9 +1036,11 @@ static int c_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in, *made = NULL;
-	int rc = WITH_PARENT(c, CNODE(parent), in,
-			     c->inner->ops->mknod(c->inner, in, name, mode,
-						  rdev, &made, st));
+	int rc = EXPECTING(c, CNODE(parent), name,
+			   WITH_PARENT(c, CNODE(parent), in,
+				       c->inner->ops->mknod(c->inner, in, name,
+							    mode, rdev, &made,
+							    st)));
 
 	return finish_create(c, CNODE(parent), name, made, st, out, rc);
 }
@@ -832,9 +1051,10 @@ static int c_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in, *made = NULL;
-	int rc = WITH_PARENT(c, CNODE(parent), in,
-			     c->inner->ops->mkdir(c->inner, in, name, mode,
-						  &made, st));
+	int rc = EXPECTING(c, CNODE(parent), name,
+			   WITH_PARENT(c, CNODE(parent), in,
+				       c->inner->ops->mkdir(c->inner, in, name,
+							    mode, &made, st)));
 
 	rc = finish_create(c, CNODE(parent), name, made, st, out, rc);
 	if (rc == 0) {
@@ -854,9 +1074,11 @@ static int c_symlink(struct sbx_sandbox *sb, const char *target,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in, *made = NULL;
-	int rc = WITH_PARENT(c, CNODE(parent), in,
-			     c->inner->ops->symlink(c->inner, target, in, name,
-						    &made, st));
+	int rc = EXPECTING(c, CNODE(parent), name,
+			   WITH_PARENT(c, CNODE(parent), in,
+				       c->inner->ops->symlink(c->inner, target,
+							      in, name, &made,
+							      st)));
 
 	rc = finish_create(c, CNODE(parent), name, made, st, out, rc);
 	if (rc == 0) {
@@ -886,14 +1108,23 @@ static int c_link(struct sbx_sandbox *sb, struct sbx_node *node,
 	free(sp);
 	if (rc < 0)
 		return rc;
-	rc = WITH_PARENT(c, CNODE(newparent), in,
-			 c->inner->ops->link(c->inner, src, in, newname, &made,
-					     st));
+	rc = EXPECTING(c, CNODE(newparent), newname,
+		       WITH_PARENT(c, CNODE(newparent), in,
+				   c->inner->ops->link(c->inner, src, in,
+						       newname, &made, st)));
 	c->inner->ops->forget(c->inner, src);
 	rc = finish_create(c, CNODE(newparent), newname, made, st, out, rc);
 	if (rc == 0) {
+		struct cnode *from = CNODE(node);
+
 		pthread_mutex_lock(&c->lock);
-		CNODE(node)->st_valid = false; /* nlink changed */
+		/* Both names now lead to one file: tie them (see ring_join),
+		 * so the first name's inode still works once it is removed. */
+		if (from->st.st_ino == st->st_ino) {
+			from->st.st_nlink = st->st_nlink;
+			ring_join(c, from);
+		}
+		from->st_valid = false; /* ctime changed */
 		pthread_mutex_unlock(&c->lock);
 	}
 	return rc;
@@ -915,14 +1146,74 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/*
+ * The sandbox cannot keep a file alive for our open descriptors, so a file
+ * that is open here is renamed to a hidden name instead of being removed
+ * (NFS's "silly rename"), and removed at its last close.  Returns 1 when
+ * `name` in dir was silly-renamed, 0 when it needs no such care.
+ */
+static int silly_rename(struct cache *c, struct cnode *dir, const char *name)
+{
+	struct sbx_node *in;
+	struct cnode *k;
+	char *hidden;
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	k = kid_find(dir, name);
+	if (!k || k->slot != S_PRESENT || !k->active ||
+	    !S_ISREG(k->st.st_mode)) {
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	hidden = sbx_xasprintf(SILLY_PREFIX "%llu.%lu",
+			       (unsigned long long)k->st.st_ino,
+			       ++c->silly_seq);
+	pthread_mutex_unlock(&c->lock);
+	{
+		struct expect *e1 = expect_add(c, dir, name);
+		struct expect *e2 = expect_add(c, dir, hidden);
+
+		rc = WITH_PARENT(c, dir, in,
+				 c->inner->ops->rename(c->inner, in, name, in,
+						       hidden,
+						       RENAME_NOREPLACE));
+		if (rc < 0) {
+			expect_cancel(c, e1);
+			expect_cancel(c, e2);
+		}
+	}
+	if (rc == 0) {
+		pthread_mutex_lock(&c->lock);
+		kid_unlink(dir, k);
+		free(k->name);
+		k->name = hidden;
+		hidden = NULL;
+		k->hidden = true;
+		kid_link(dir, k);
+		kid_get(dir, name)->slot = S_ABSENT;
+		dir->st_valid = false;
+		/* Closed meanwhile: nothing will remove it later. */
+		unlink_hidden_locked(c, k);
+		pthread_mutex_unlock(&c->lock);
+		rc = 1;
+	}
+	free(hidden);
+	return rc;
+}
+
 static int c_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name)
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = WITH_PARENT(c, CNODE(parent), in,
-			     c->inner->ops->unlink(c->inner, in, name));
+	int rc = silly_rename(c, CNODE(parent), name);
 
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
+	rc = EXPECTING(c, CNODE(parent), name,
+		       WITH_PARENT(c, CNODE(parent), in,
+				   c->inner->ops->unlink(c->inner, in, name)));
 	if (rc == 0)
 		removed(c, CNODE(parent), name);
 	return rc;
@@ -933,8 +1224,10 @@ static int c_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = WITH_PARENT(c, CNODE(parent), in,
-			     c->inner->ops->rmdir(c->inner, in, name));
+	int rc = EXPECTING(c, CNODE(parent), name,
+			   WITH_PARENT(c, CNODE(parent), in,
+				       c->inner->ops->rmdir(c->inner, in,
+							    name)));
 
 	if (rc == 0)
 		removed(c, CNODE(parent), name);
@@ -951,6 +1244,19 @@ static int c_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	char *fp, *tp;
 	int rc;
 
+	if (!(flags & RENAME_EXCHANGE)) {
+		/* A replaced file that is open here must stay readable. */
+		pthread_mutex_lock(&c->lock);
+		a = kid_find(from, name);
+		b = kid_find(to, newname);
+		bool keep = b && a != b && !(flags & RENAME_NOREPLACE);
+		pthread_mutex_unlock(&c->lock);
+		if (keep) {
+			rc = silly_rename(c, to, newname);
+			if (rc < 0)
+				return rc;
+		}
+	}
 	pthread_mutex_lock(&c->lock);
 	fp = path_of(from);
 	tp = path_of(to);
@@ -966,9 +1272,21 @@ static int c_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		rc = inner_node(c, tp, &ti);
 	free(fp);
 	free(tp);
-	if (rc == 0)
+	if (rc == 0) {
+		struct expect *e1 = NULL, *e2 = NULL;
+
+		/* An exchange's events are not worth predicting. */
+		if (!(flags & RENAME_EXCHANGE)) {
+			e1 = expect_add(c, from, name);
+			e2 = expect_add(c, to, newname);
+		}
 		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
 					   flags);
+		if (rc < 0) {
+			expect_cancel(c, e1);
+			expect_cancel(c, e2);
+		}
+	}
 	if (fi)
 		c->inner->ops->forget(c->inner, fi);
 	if (ti)
@@ -1057,7 +1375,19 @@ static struct cfile *new_cfile(struct cnode *n, int flags)
 
 	f->node = n;
 	f->flags = flags;
+	pthread_mutex_init(&f->wlock, NULL);
 	return f;
+}
+
+/* I/O on a closed file (a dup'd descriptor): it is open after all. */
+static void reactivate(struct cache *c, struct cfile *f)
+{
+	pthread_mutex_lock(&c->lock);
+	if (f->flushed) {
+		f->flushed = false;
+		f->node->active++;
+	}
+	pthread_mutex_unlock(&c->lock);
 }
 
 static int c_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
@@ -1091,11 +1421,15 @@ static int c_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 		same = n->st_valid && n->st.st_size == st.st_size &&
 		       n->st.st_mtim.tv_sec == st.st_mtim.tv_sec &&
 		       n->st.st_mtim.tv_nsec == st.st_mtim.tv_nsec;
-		set_st(n, &st);
+		refresh_st(c, n, &st);
 		pthread_mutex_unlock(&c->lock);
 	}
 	out->fh = (struct sbx_file *)new_cfile(n, flags);
 	out->keep_cache = same;
+	pthread_mutex_lock(&c->lock);
+	n->opens++;
+	n->active++;
+	pthread_mutex_unlock(&c->lock);
 	return 0;
 }
 
@@ -1112,12 +1446,26 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	int rc;
 
 	memset(&res, 0, sizeof(res));
-	rc = WITH_PARENT(c, dir, in,
-			 c->inner->ops->create(c->inner, in, name, mode, flags,
-					       &made, st, &res));
+	/* Without O_EXCL the file may exist already: then no event comes,
+	 * and an unconsumed expectation would swallow a later one. */
+	if (flags & O_EXCL)
+		rc = EXPECTING(c, dir, name,
+			       WITH_PARENT(c, dir, in,
+					   c->inner->ops->create(c->inner, in,
+								 name, mode,
+								 flags, &made,
+								 st, &res)));
+	else
+		rc = WITH_PARENT(c, dir, in,
+				 c->inner->ops->create(c->inner, in, name, mode,
+						       flags, &made, st, &res));
 	if (rc < 0)
 		return rc;
 	k = created(c, dir, name, st);
+	pthread_mutex_lock(&c->lock);
+	k->opens++;
+	k->active++;
+	pthread_mutex_unlock(&c->lock);
 	f = new_cfile(k, flags);
 	f->inner = res.fh;
 	f->inner_node = made;
@@ -1130,7 +1478,20 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 
 /* Push f's buffered writes.  Thread-safe per file (FUSE serialises per
  * handle only partly, so the buffer is swapped out under the lock). */
+static int push_locked(struct cache *c, struct cfile *f);
+
 static int push(struct cache *c, struct cfile *f)
+{
+	int rc;
+
+	pthread_mutex_lock(&f->wlock);
+	rc = push_locked(c, f);
+	pthread_mutex_unlock(&f->wlock);
+	return rc;
+}
+
+/* Caller holds f->wlock. */
+static int push_locked(struct cache *c, struct cfile *f)
 {
 	char *buf;
 	size_t len, done = 0;
@@ -1188,8 +1549,11 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 	ssize_t got;
 	int rc;
 
-	if (f->buf_len) {
-		rc = push(c, f);
+	reactivate(c, f);
+	/* Writes through any open file of n (mmap write-back goes through
+	 * whichever) must be in the sandbox before we read it. */
+	if (n->dirty) {
+		rc = push_node(c, n);
 		if (rc < 0)
 			return rc;
 	}
@@ -1245,27 +1609,33 @@ static ssize_t c_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 {
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
+	ssize_t ret = (ssize_t)size;
 	int rc;
 
+	reactivate(c, f);
+	pthread_mutex_lock(&f->wlock);
 	/* Appends must land at the real end: do not reorder them. */
 	if (f->flags & O_APPEND) {
-		rc = open_inner(c, f);
-		if (rc < 0)
-			return rc;
-		ssize_t n = c->inner->ops->write(c->inner, f->inner, data, size,
-						 off);
+		rc = push_locked(c, f);
+		if (rc == 0)
+			rc = open_inner(c, f);
+		ret = rc < 0 ? rc
+			     : c->inner->ops->write(c->inner, f->inner, data,
+						    size, off);
 		pthread_mutex_lock(&c->lock);
 		f->node->st_valid = false;
 		content_drop(c, f->node);
 		pthread_mutex_unlock(&c->lock);
-		return n;
+		goto out;
 	}
 	if (f->buf_len &&
 	    (off != f->buf_off + (off_t)f->buf_len ||
 	     f->buf_len + size > CACHE_WRITE_BUF)) {
-		rc = push(c, f);
-		if (rc < 0)
-			return rc;
+		rc = push_locked(c, f);
+		if (rc < 0) {
+			ret = rc;
+			goto out;
+		}
 	}
 	pthread_mutex_lock(&c->lock);
 	if (!f->buf_len) {
@@ -1283,7 +1653,9 @@ static ssize_t c_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 	f->buf_len += size;
 	content_drop(c, f->node);
 	pthread_mutex_unlock(&c->lock);
-	return (ssize_t)size;
+out:
+	pthread_mutex_unlock(&f->wlock);
+	return ret;
 }
 
 static int c_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
@@ -1291,6 +1663,18 @@ static int c_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
 	int rc = push(c, f);
+
+	/*
+	 * close(2): the kernel sends RELEASE only later and asynchronously,
+	 * so an unlink right after a close must not see this file as open.
+	 */
+	pthread_mutex_lock(&c->lock);
+	if (!f->flushed) {
+		f->flushed = true;
+		if (f->node->active)
+			f->node->active--;
+	}
+	pthread_mutex_unlock(&c->lock);
 
 	if (rc == 0 && f->inner && c->inner->ops->flush)
 		rc = c->inner->ops->flush(c->inner, f->inner);
@@ -1301,13 +1685,60 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 {
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
-	int rc = push(c, f);
+	/* msync write-back may have come through another open file. */
+	int rc = push_node(c, f->node);
 
 	if (rc == 0)
 		rc = open_inner(c, f);
 	if (rc == 0)
 		rc = c->inner->ops->fsync(c->inner, f->inner, datasync);
 	return rc;
+}
+
+/*
+ * Remove a silly-renamed file once nothing has it open.  Caller holds
+ * c->lock; it is dropped for the removal.
+ */
+static void unlink_hidden_locked(struct cache *c, struct cnode *n)
+{
+	struct sbx_node *in;
+	char *dir, *name;
+	int rc;
+
+	if (n->opens || !n->hidden || n->slot == S_ABSENT || !n->parent)
+		return;
+	dir = tree_path(n->parent);
+	name = sbx_xstrdup(n->name);
+	n->slot = S_ABSENT;
+	pthread_mutex_unlock(&c->lock);
+	rc = dir ? inner_node(c, dir, &in) : -ESTALE;
+	if (rc == 0) {
+		rc = EXPECTING(c, n->parent, name,
+			       c->inner->ops->unlink(c->inner, in, name));
+		c->inner->ops->forget(c->inner, in);
+	}
+	if (rc < 0) {
+		sbx_warn("could not remove %s/%s: %s", dir ? dir : "?", name,
+			 sbx_error_last()->msg);
+		sbx_error_clear();
+	}
+	free(dir);
+	free(name);
+	pthread_mutex_lock(&c->lock);
+}
+
+/* The last close of a silly-renamed file removes it. */
+static void drop_open(struct cache *c, struct cfile *f)
+{
+	struct cnode *n = f->node;
+
+	pthread_mutex_lock(&c->lock);
+	if (n->opens)
+		n->opens--;
+	if (!f->flushed && n->active)
+		n->active--;
+	unlink_hidden_locked(c, n);
+	pthread_mutex_unlock(&c->lock);
 }
 
 static int c_release(struct sbx_sandbox *sb, struct sbx_file *fh)
@@ -1334,6 +1765,8 @@ static int c_release(struct sbx_sandbox *sb, struct sbx_file *fh)
 	}
 	if (f->inner_node)
 		c->inner->ops->forget(c->inner, f->inner_node);
+	drop_open(c, f);
+	pthread_mutex_destroy(&f->wlock);
 	free(f);
 	return rc;
 }
@@ -1389,7 +1822,7 @@ static void snapshot_listing(struct cnode *n, struct cfile *d)
 	d->nodes = sbx_xcalloc(cap, sizeof(*d->nodes));
 	for (size_t b = 0; b < n->nbuckets; b++)
 		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
-			if (k->slot != S_PRESENT || i >= cap)
+			if (k->slot != S_PRESENT || k->hidden || i >= cap)
 				continue;
 			d->names[i] = sbx_xstrdup(k->name);
 			d->sts[i] = k->st;
@@ -1414,12 +1847,13 @@ static int list_entry(const char *name, const struct stat *st,
 
 	if (node)
 		l->c->inner->ops->forget(l->c->inner, node);
-	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
+	    is_silly(name))
 		return 0;
 	pthread_mutex_lock(&l->c->lock);
 	k = kid_get(l->dir, name);
 	if (!k->dirty)
-		set_st(k, st);
+		set_st(l->c, k, st);
 	else
 		k->slot = S_PRESENT;
 	if (l->nseen == l->cap) {
@@ -1474,14 +1908,25 @@ static int relist(struct cache *c, struct cnode *dir)
 	return rc;
 }
 
+/*
+ * A listing can be served from the cache when it is complete and fresh,
+ * and every entry's attributes are valid: readdirplus hands them to the
+ * kernel, which would otherwise cache stale sizes and link counts.  One
+ * relist refreshes them all in a single request.
+ */
 static bool listing_usable(struct cache *c, struct cnode *n)
 {
 	if (!n->complete || !fresh(c, n->list_time))
 		return false;
 	for (size_t b = 0; b < n->nbuckets; b++)
-		for (struct cnode *k = n->kids[b]; k; k = k->hnext)
+		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
 			if (k->slot == S_UNKNOWN)
 				return false;
+			if (k->slot == S_PRESENT && !k->hidden &&
+			    (!k->st_valid || k->dirty ||
+			     !fresh(c, k->st_time)))
+				return false;
+		}
 	return true;
 }
 
@@ -1683,12 +2128,24 @@ static void on_change(const struct sbx_change *ch, void *payload)
 
 	if (ch->kind == SBX_CHANGE_OVERFLOW || !ch->path) {
 		pthread_mutex_lock(&c->lock);
+		expect_clear(c);
 		forget_all(c, &c->root);
 		pthread_mutex_unlock(&c->lock);
 		forward(c, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
 		return;
 	}
+	{
+		const char *base = strrchr(ch->path, '/');
+
+		/* Our own hidden names: nothing the kernel knows of. */
+		if (is_silly(base ? base + 1 : ch->path))
+			return;
+	}
 	pthread_mutex_lock(&c->lock);
+	if (ch->kind == SBX_CHANGE_ENTRY && expect_take(c, ch->path)) {
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
 	n = resolve(c, ch->path, false);
 	if (n && !n->dirty) {
 		n->st_valid = false;
@@ -1771,6 +2228,23 @@ static void c_watch_stop(struct sbx_sandbox *sb)
 	if (c->watching)
 		c->inner->ops->watch_stop(c->inner);
 	c->watching = false;
+}
+
+static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *node)
+{
+	struct cache *c = CACHE(sb);
+	struct cnode *n = CNODE(node);
+	bool stale = false;
+
+	pthread_mutex_lock(&c->lock);
+	if (n->slot == S_ABSENT || n->orphan) {
+		stale = true;
+		for (struct cnode *a = n->alias; a && a != n; a = a->alias)
+			if (a->slot != S_ABSENT && !a->orphan)
+				stale = false;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return stale;
 }
 
 static bool c_watch_healthy(struct sbx_sandbox *sb)
@@ -1872,6 +2346,7 @@ static const struct sbx_sandbox_ops cache_ops = {
 	.watch_sync = c_watch_sync,
 	.watch_stop = c_watch_stop,
 	.watch_healthy = c_watch_healthy,
+	.node_stale = c_node_stale,
 	.syncfs = c_syncfs,
 	.free = c_free,
 };
@@ -1913,7 +2388,7 @@ int fs_cache_new(struct sbx_sandbox **out, struct sbx_sandbox *inner,
 		c_free(&c->base);
 		return sbx_error_prefix(rc, "sandbox root");
 	}
-	set_st(&c->root, &st);
+	set_st(c, &c->root, &st);
 	if (disk_dir) {
 		if (sbx_paths_mkdir_p(disk_dir, 0700) == 0) {
 			c->disk_dir = sbx_xstrdup(disk_dir);

@@ -9,6 +9,9 @@
  * Inodes are keyed by the provider's (st_dev, st_ino), so hard links and
  * repeated lookups share one kernel inode.
  *
+ * Lock order: fs->lock, then a provider's own locks (node_stale is called
+ * under fs->lock).
+ *
  * Locking.  fs->lock protects the inode table and every inode's `nlookup`,
  * `parent`/`name` and `writers`.  It is never held across a provider call
  * or a fuse_lowlevel_notify_* call (the kernel may need a worker thread to
@@ -43,6 +46,7 @@ struct fs_inode {
 	fuse_ino_t parent;     /* last known parent; protected by fs->lock */
 	char *name;            /* last known name; protected by fs->lock */
 	struct fs_inode *hnext; /* hash chain */
+	bool hashed;           /* findable by (dev, ino); protected by lock */
 };
 
 struct fs {
@@ -55,6 +59,7 @@ struct fs {
 	pthread_mutex_t lock;
 	struct fs_inode root;
 	struct fs_inode **table; /* hash by (dev, ino) */
+	struct fs_inode *stale;  /* unhashed, still held by the kernel */
 	size_t table_size;
 	size_t count;
 

@@ -43,6 +43,12 @@ void fs_inodes_fini(struct fs *fs)
 	}
 	free(fs->table);
 	fs->table = NULL;
+	while (fs->stale) {
+		struct fs_inode *in = fs->stale;
+
+		fs->stale = in->hnext;
+		inode_free(fs, in);
+	}
 	free(fs->root.name);
 	fs->root.name = NULL;
 }
@@ -96,6 +102,22 @@ static void grow_locked(struct fs *fs)
 	fs->table_size = nsize;
 }
 
+/* Take an inode out of the (dev, ino) table.  Caller holds fs->lock. */
+static void unhash_locked(struct fs *fs, struct fs_inode *in)
+{
+	struct fs_inode **pp;
+
+	if (!in->hashed)
+		return;
+	pp = &fs->table[hash(in->dev, in->ino, fs->table_size)];
+	while (*pp != in)
+		pp = &(*pp)->hnext;
+	*pp = in->hnext;
+	in->hnext = NULL;
+	in->hashed = false;
+	fs->count--;
+}
+
 static void set_name_locked(struct fs_inode *in, fuse_ino_t parent,
 			    const char *name)
 {
@@ -117,6 +139,18 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 
 	pthread_mutex_lock(&fs->lock);
 	in = find_locked(fs, st->st_dev, st->st_ino);
+	if (in && in != &fs->root && in->node != node &&
+	    fs->sb->ops->node_stale && fs->sb->ops->node_stale(fs->sb, in->node)) {
+		/*
+		 * The sandbox reused the inode number of a removed file the
+		 * kernel still holds: the new file gets its own inode, and
+		 * the old one stays only for the kernel's references.
+		 */
+		unhash_locked(fs, in);
+		in->hnext = fs->stale;
+		fs->stale = in;
+		in = NULL;
+	}
 	if (in) {
 		in->nlookup++;
 		if (in != &fs->root)
@@ -135,6 +169,7 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 		size_t h = hash(fresh->dev, fresh->ino, fs->table_size);
 		fresh->hnext = fs->table[h];
 		fs->table[h] = fresh;
+		fresh->hashed = true;
 		fs->count++;
 		in = fresh;
 	}
@@ -146,7 +181,7 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 
 void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)
 {
-	struct fs_inode *in = fs_inode_get(fs, ino), **pp;
+	struct fs_inode *in = fs_inode_get(fs, ino);
 	bool gone = false;
 
 	if (in == &fs->root)
@@ -162,11 +197,16 @@ void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)
 	}
 	in->nlookup -= n;
 	if (in->nlookup == 0) {
-		pp = &fs->table[hash(in->dev, in->ino, fs->table_size)];
-		while (*pp != in)
-			pp = &(*pp)->hnext;
-		*pp = in->hnext;
-		fs->count--;
+		if (in->hashed) {
+			unhash_locked(fs, in);
+		} else {
+			struct fs_inode **pp = &fs->stale;
+
+			while (*pp && *pp != in)
+				pp = &(*pp)->hnext;
+			if (*pp)
+				*pp = in->hnext;
+		}
 		gone = true;
 	}
 	pthread_mutex_unlock(&fs->lock);

@@ -85,11 +85,15 @@ static int io_file(struct fs *fs, fuse_ino_t ino, struct fuse_file_info *fi,
 	return 0;
 }
 
-/* Release a file from io_file() if it was opened for the request. */
+/*
+ * Release a file from io_file() if it was opened for the request.  Looks
+ * only at the handle value: after the reply, a RELEASE on another thread
+ * may already have freed the per-open state it points to.
+ */
 static void io_done(struct fs *fs, struct fuse_file_info *fi,
 		    struct sbx_file *fh)
 {
-	if (fh && !pfile_of(fi))
+	if (fh && !(fi && fi->fh))
 		(void)fs->sb->ops->release(fs->sb, fh);
 }
 

@@ -461,6 +461,16 @@ struct sbx_sandbox_ops {
 		       struct sbx_node **out);
 
 	/*
+	 * Optional: true when `node` no longer names any object in the
+	 * sandbox (its names were all removed), so its inode number may since
+	 * belong to another file.  Path-based providers need it because the
+	 * sandbox reuses inode numbers the daemon still holds; the daemon
+	 * then gives the new file a kernel inode of its own.  Called with the
+	 * daemon's inode-table lock held: must not call back into the daemon.
+	 */
+	bool (*node_stale)(struct sbx_sandbox *sb, struct sbx_node *node);
+
+	/*
 	 * Optional: is the change stream delivering right now?  The daemon
 	 * caches for long only while it is (and for 1 s otherwise).  When
 	 * NULL, a started stream counts as healthy.

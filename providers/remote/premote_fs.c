@@ -1007,6 +1007,42 @@ static int r_fallocate(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
 	return rc;
 }
 
+/*
+ * SEEK_DATA/SEEK_HOLE need the sandbox's extents; the other whences are
+ * the kernel's business and never reach a FUSE filesystem.
+ */
+static off_t r_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
+		     int whence)
+{
+	struct premote_sandbox *s = RSB(sb);
+	char *path;
+	cJSON *op, *res = NULL;
+	const cJSON *o;
+	off_t r;
+	int rc;
+
+	if (whence != SEEK_DATA && whence != SEEK_HOLE)
+		return sbx_error_set(SBX_ERR_REMOTE, -EINVAL,
+				     "lseek: whence %d", whence);
+	path = npath(s, (struct sbx_node *)RFILE(fh)->node);
+	op = new_op("lseek", path);
+	op_num(op, "offset", (double)off);
+	cJSON_AddStringToObject(op, "whence",
+				whence == SEEK_DATA ? "data" : "hole");
+	rc = batch1(s, op, &res);
+	free(path);
+	if (rc < 0)
+		return rc;
+	o = cJSON_GetObjectItemCaseSensitive(res, "offset");
+	r = cJSON_IsNumber(o) && o->valuedouble >= 0 ? (off_t)o->valuedouble
+						      : -1;
+	cJSON_Delete(res);
+	if (r < 0)
+		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
+				     "lseek: the agent sent no offset");
+	return r;
+}
+
 /* ---- directories ---------------------------------------------------------- */
 
 static int r_opendir(struct sbx_sandbox *sb, struct sbx_node *node,
@@ -1525,6 +1561,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.fsync = r_fsync,
 	.release = r_release,
 	.fallocate = r_fallocate,
+	.lseek = r_lseek,
 	.opendir = r_opendir,
 	.readdir = r_readdir,
 	.fsyncdir = r_fsyncdir,
