@@ -133,6 +133,12 @@ struct cache {
 	struct cfile *dirty;      /* files with buffered writes */
 	struct cnode *ino_tab[256]; /* multi-link files by ino */
 	struct expect *expect;    /* entry events our own calls will cause */
+	/*
+	 * Count of change events applied.  A fetch that sees it move while
+	 * its request was out may hold data from before the change: it is
+	 * returned but not trusted as cached (not fresh, not complete).
+	 */
+	unsigned long events;
 	unsigned long silly_seq;
 };
 
@@ -153,6 +159,8 @@ struct expect {
 struct cache;
 struct cnode;
 static void unlink_hidden_locked(struct cache *c, struct cnode *n);
+struct sbx_change;
+static void apply_change(struct cache *c, const struct sbx_change *ch);
 
 static bool is_silly(const char *name)
 {
@@ -677,14 +685,22 @@ static void forward(struct cache *c, int kind, const struct cnode *dir,
 
 struct bulk_ctx {
 	struct cache *c;
+	unsigned long gen; /* c->events when the walk started */
 };
 
 static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 {
-	struct cache *c = ((struct bulk_ctx *)payload)->c;
+	struct bulk_ctx *ctx = payload;
+	struct cache *c = ctx->c;
 	struct cnode *n;
 
 	pthread_mutex_lock(&c->lock);
+	/* After a change during the walk, the rest may predate it: keep
+	 * nothing (lookups then ask one by one). */
+	if (ctx->gen != c->events) {
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
 	n = resolve(c, it->path, true);
 	if (n && !n->dirty) {
 		set_st(c, n, &it->st);
@@ -742,6 +758,7 @@ static void prefetch(struct cache *c, struct cnode *dir)
 	if (!path)
 		return;
 	dir->prefetching = true;
+	ctx.gen = c->events;
 	pthread_mutex_unlock(&c->lock);
 	rc = c->inner->ops->bulk(c->inner, path, &o, bulk_item, &ctx);
 	pthread_mutex_lock(&c->lock);
@@ -769,6 +786,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct cache *c = CACHE(sb);
 	struct cnode *dir = CNODE(parent), *k;
+	unsigned long gen;
 	struct stat fst;
 	char *path;
 	int rc;
@@ -793,6 +811,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOENT, "no '%s'", name);
 	}
 	path = child_path(dir, name);
+	gen = c->events;
 	pthread_mutex_unlock(&c->lock);
 	if (!path)
 		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
@@ -802,14 +821,17 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	pthread_mutex_lock(&c->lock);
 	if (rc == -ENOENT) {
 		k = kid_get(dir, name);
-		if (!k->dirty)
-			k->slot = S_ABSENT;
 		/* A negative entry is as fresh as a listing. */
-		if (!dir->complete)
-			dir->list_time = now();
+		if (!k->dirty && gen == c->events) {
+			k->slot = S_ABSENT;
+			if (!dir->complete)
+				dir->list_time = now();
+		}
 	} else if (rc == 0) {
 		k = kid_get(dir, name);
 		set_st(c, k, &fst);
+		if (gen != c->events)
+			k->st_valid = false; /* raced with a change */
 		*st = fst;
 		*out = (struct sbx_node *)k;
 	}
@@ -837,6 +859,7 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct cnode *n = CNODE(node);
+	unsigned long gen;
 	struct stat fst;
 	char *path;
 	int rc;
@@ -855,6 +878,7 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		return 0;
 	}
 	path = path_of(n);
+	gen = c->events;
 	pthread_mutex_unlock(&c->lock);
 	if (!path)
 		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
@@ -865,6 +889,8 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		return rc;
 	pthread_mutex_lock(&c->lock);
 	refresh_st(c, n, &fst);
+	if (gen != c->events)
+		n->st_valid = false; /* raced with a change */
 	*st = fst;
 	hide_link(n, st);
 	pthread_mutex_unlock(&c->lock);
@@ -1563,6 +1589,7 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		     S_ISREG(n->st.st_mode) &&
 		     n->st.st_size <= (off_t)CACHE_WHOLE_FILE;
 	off_t fsize = n->st.st_size;
+	unsigned long gen = c->events;
 	pthread_mutex_unlock(&c->lock);
 	if (got >= 0)
 		return got;
@@ -1581,7 +1608,8 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 			pthread_mutex_lock(&c->lock);
 			cur = n->st;
 			/* Only if nothing changed the file meanwhile. */
-			if (n->st_valid && cur.st_size == fsize && !n->dirty)
+			if (n->st_valid && cur.st_size == fsize && !n->dirty &&
+			    gen == c->events)
 				content_store(c, n, all, cap, &cur);
 			got = content_read(c, n, buf, size, off);
 			pthread_mutex_unlock(&c->lock);
@@ -1835,6 +1863,7 @@ static void snapshot_listing(struct cnode *n, struct cfile *d)
 struct list_ctx {
 	struct cache *c;
 	struct cnode *dir;
+	unsigned long gen; /* c->events when the request went out */
 	struct cnode **seen;
 	size_t nseen, cap;
 };
@@ -1852,10 +1881,13 @@ static int list_entry(const char *name, const struct stat *st,
 		return 0;
 	pthread_mutex_lock(&l->c->lock);
 	k = kid_get(l->dir, name);
-	if (!k->dirty)
+	if (!k->dirty) {
 		set_st(l->c, k, st);
-	else
+		if (l->gen != l->c->events)
+			k->st_valid = false; /* raced with a change */
+	} else {
 		k->slot = S_PRESENT;
+	}
 	if (l->nseen == l->cap) {
 		l->cap = l->cap ? l->cap * 2 : 64;
 		l->seen = sbx_xrealloc(l->seen, l->cap * sizeof(*l->seen));
@@ -1876,6 +1908,7 @@ static int relist(struct cache *c, struct cnode *dir)
 
 	pthread_mutex_lock(&c->lock);
 	path = path_of(dir);
+	l.gen = c->events;
 	pthread_mutex_unlock(&c->lock);
 	if (!path)
 		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
@@ -1893,14 +1926,17 @@ static int relist(struct cache *c, struct cnode *dir)
 	c->inner->ops->forget(c->inner, in);
 	pthread_mutex_lock(&c->lock);
 	if (rc == 0) {
-		/* Everything not listed is absent now. */
+		/* Everything not listed is absent now (unknown if raced). */
+		bool raced = l.gen != c->events;
+
 		for (size_t b = 0; b < dir->nbuckets; b++)
 			for (struct cnode *k = dir->kids[b]; k; k = k->hnext)
 				if (!k->dirty)
-					k->slot = S_ABSENT;
+					k->slot = raced ? S_UNKNOWN : S_ABSENT;
 		for (size_t i = 0; i < l.nseen; i++)
 			l.seen[i]->slot = S_PRESENT;
-		dir->complete = true;
+		/* Raced with a change: serve this listing, cache none of it. */
+		dir->complete = !raced;
 		dir->list_time = now();
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -2121,6 +2157,15 @@ static void forget_all(struct cache *c, struct cnode *n)
 static void on_change(const struct sbx_change *ch, void *payload)
 {
 	struct cache *c = payload;
+
+	pthread_mutex_lock(&c->lock);
+	c->events++;
+	pthread_mutex_unlock(&c->lock);
+	apply_change(c, ch);
+}
+
+static void apply_change(struct cache *c, const struct sbx_change *ch)
+{
 	struct cnode *n, *dir = NULL, objcopy, dircopy;
 	const char *name = NULL;
 	bool have_obj = false, have_dir = false;
