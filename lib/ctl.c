@@ -956,8 +956,18 @@ static int client_loop(struct client *c)
 		bool want_in;
 
 		rc = sbx_ctl_wbuf_flush(&c->wb, c->sock);
-		if (rc < 0)
+		if (rc == -EPIPE || rc == -ECONNRESET) {
+			/*
+			 * The daemon stopped reading (the command is done with
+			 * its input): drop what it will never want and keep
+			 * reading, its EXIT frame is on the way or queued.
+			 */
+			sbx_error_clear();
+			c->wb.start = c->wb.end = 0;
+			c->stdin_open = false;
+		} else if (rc < 0) {
 			return sbx_error_prefix(rc, "session %s", o->session);
+		}
 		/* Read local stdin only when the socket has taken what we sent
 		 * before: back-pressure instead of unbounded buffering, and
 		 * the socket is always read, so no deadlock. */
