@@ -142,6 +142,44 @@ SBX_WUR int cli_daemon_foreground(struct sbx_session *s, int *lock_fd);
  */
 SBX_WUR int cli_daemon_stop(struct sbx_session *s, bool force);
 
+/* ---- cmd_up.c / cmd_down.c: the lifecycle, shared with `sbx serve` ---- */
+
+/* Options of cli_session_up(); every pointer is borrowed. */
+struct cli_up_opts {
+	const char *name;        /* session name, validated by the caller */
+	const char *repo;        /* NULL: the repository holding the cwd */
+	const char *ref;         /* NULL: HEAD */
+	const char *mount;       /* NULL: recorded, else $SBX_MOUNT_ROOT/NAME */
+	const char *config_file; /* extra configuration file or NULL */
+	/* The command-line layer of the configuration (provider, sections
+	 * such as "local" or "remote"), merged over the files; or NULL. */
+	const struct cJSON *flags;
+	bool carry;   /* copy the checkout's uncommitted changes */
+	bool isolate; /* local.isolation=bwrap was asked for */
+};
+
+/*
+ * `sbx up`: get-or-create session o->name and mount it, under the
+ * session's exclusive lock.  On success *status_out is the status object
+ * (sbx_status_new(); the caller frees it with cJSON_Delete).  On failure
+ * returns the negative errno with the current error set, and *exit_out
+ * says which CLI exit code the failure maps to (CLI_EXIT_CREATE when the
+ * provider could not create it, CLI_EXIT_CONFIG, CLI_EXIT_USAGE, ...).
+ * Prints warnings on stderr.  Forks the daemon: the caller must not run
+ * other lifecycle operations concurrently in the same process.
+ */
+SBX_WUR int cli_session_up(struct cJSON **status_out, int *exit_out,
+			   const struct cli_up_opts *o);
+
+/*
+ * `sbx down`: unmount session `name` and terminate its sandbox
+ * (SBX_TERMINATE_* `flags`), or with `keep` only unmount and mark it
+ * stopped.  -EBUSY (the provider refuses: uncommitted work; the mount is
+ * restored) or the errors of the steps; -ENOENT (NOTFOUND) for an unknown
+ * session.  Takes the session lock.
+ */
+SBX_WUR int cli_session_down(const char *name, unsigned flags, bool keep);
+
 /* ---- the subcommands --------------------------------------------------- */
 
 int cli_cmd_up(int argc, char **argv);
@@ -161,5 +199,7 @@ int cli_cmd_shell(int argc, char **argv);
 /* cmd_shim.c (exec shim issue): `sbx shim install`, `sbx env`. */
 int cli_cmd_shim(int argc, char **argv);
 int cli_cmd_env(int argc, char **argv);
+/* cmd_serve.c (API issue): `sbx serve`. */
+int cli_cmd_serve(int argc, char **argv);
 
 #endif

@@ -92,6 +92,15 @@ static const struct cli_cmd cmds[] = {
 	 "Prints export lines for PATH (the shim directory, installed on\n"
 	 "demand under $SBX_HOME/shims) and SBX_SESSION.  Use:\n"
 	 "  eval \"$(sbx env NAME)\"\n"},
+	{"serve", cli_cmd_serve,
+	 "sbx serve [--listen 127.0.0.1:PORT|unix:PATH] [--token-file FILE]",
+	 "serve the session REST API (docs/api.md)",
+	 "  --listen ADDR     127.0.0.1:PORT (default 127.0.0.1:7077; port 0\n"
+	 "                    picks one), [::1]:PORT, or unix:PATH\n"
+	 "  --token-file FILE require this bearer token on every request;\n"
+	 "                    needed for a non-loopback address\n"
+	 "Prints \"listening on ADDR\" on stdout once ready; stops on "
+	 "SIGINT/SIGTERM.\n"},
 	{"help", cli_cmd_help, "sbx help [COMMAND]", "show help", ""},
 	{"version", cli_cmd_version, "sbx version", "print the version", ""},
 };

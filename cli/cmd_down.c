@@ -49,53 +49,24 @@ static void cleanup(const struct sbx_session *s)
 	sbx_error_clear();
 }
 
-int cli_cmd_down(int argc, char **argv)
+int cli_session_down(const char *name, unsigned flags, bool keep)
 {
-	static const struct option opts[] = {
-		{"keep-sandbox", no_argument, NULL, 'k'},
-		{"delete-branch", no_argument, NULL, 'd'},
-		{"force", no_argument, NULL, 'f'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
-	};
 	struct sbx_provider *p = NULL;
 	struct sbx_session s;
-	bool keep = false, was_mounted;
-	unsigned flags = 0;
-	int opt, rc, lock = -1, ret = CLI_EXIT_FAIL;
+	bool was_mounted;
+	int rc, lock = -1;
 
 	sbx_session_init(&s);
-	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'k': keep = true; break;
-		case 'd': flags |= SBX_TERMINATE_DELETE_BRANCH; break;
-		case 'f': flags |= SBX_TERMINATE_FORCE; break;
-		default: return cli_common_opt("down", opt);
-		}
-	}
-	if (argc - optind != 1)
-		return cli_usage("down", "expected one session NAME");
-	if (cli_check_name("down", argv[optind]))
-		return CLI_EXIT_USAGE;
-	if (keep && flags)
-		return cli_usage("down", "--keep-sandbox cannot be combined "
-					 "with --force or --delete-branch");
-
-	rc = cli_session_lock_load(&s, &lock, argv[optind]);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
+	rc = cli_session_lock_load(&s, &lock, name);
+	if (rc < 0)
 		goto out;
-	}
 	was_mounted = sbx_status_mounted(&s);
 	rc = cli_daemon_stop(&s, flags & SBX_TERMINATE_FORCE);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
+	if (rc < 0)
 		goto out;
-	}
 	if (keep) {
 		s.state = SBX_STATE_STOPPED;
 		rc = sbx_state_save(&s);
-		ret = rc < 0 ? cli_report(CLI_EXIT_FAIL) : CLI_EXIT_OK;
 		goto out;
 	}
 
@@ -114,15 +85,6 @@ int cli_cmd_down(int argc, char **argv)
 				restore_mount(&s, lock);
 			else if (sbx_state_save(&s) < 0)
 				sbx_error_clear();
-			/* The provider's message says what holds the work. */
-			bool hinted = strstr(sbx_error_last()->msg, "--force");
-
-			ret = cli_report(CLI_EXIT_REFUSED);
-			if (!hinted)
-				fprintf(stderr,
-					"sbx: commit or snapshot the work, "
-					"or run `sbx down %s --force` to "
-					"discard it\n", s.session);
 			goto out;
 		}
 		/* Keep the record so `down` can be retried. */
@@ -140,19 +102,61 @@ int cli_cmd_down(int argc, char **argv)
 					 s.session);
 			sbx_error_set(e.klass, e.code, "%s", e.msg);
 		}
-		ret = cli_report(CLI_EXIT_FAIL);
 		goto out;
 	}
 	rc = sbx_state_remove(s.session);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
+	if (rc < 0)
 		goto out;
-	}
 	cleanup(&s);
-	ret = CLI_EXIT_OK;
 out:
 	sbx_provider_free(p);
 	sbx_state_unlock(lock);
 	sbx_session_fini(&s);
-	return ret;
+	return rc;
+}
+
+int cli_cmd_down(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"keep-sandbox", no_argument, NULL, 'k'},
+		{"delete-branch", no_argument, NULL, 'd'},
+		{"force", no_argument, NULL, 'f'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	bool keep = false;
+	unsigned flags = 0;
+	int opt, rc;
+
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'k': keep = true; break;
+		case 'd': flags |= SBX_TERMINATE_DELETE_BRANCH; break;
+		case 'f': flags |= SBX_TERMINATE_FORCE; break;
+		default: return cli_common_opt("down", opt);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage("down", "expected one session NAME");
+	if (cli_check_name("down", argv[optind]))
+		return CLI_EXIT_USAGE;
+	if (keep && flags)
+		return cli_usage("down", "--keep-sandbox cannot be combined "
+					 "with --force or --delete-branch");
+
+	rc = cli_session_down(argv[optind], flags, keep);
+	if (rc == -EBUSY && !keep) {
+		/* The provider's message says what holds the work. */
+		bool hinted = strstr(sbx_error_last()->msg, "--force");
+		int ret = cli_report(CLI_EXIT_REFUSED);
+
+		if (!hinted)
+			fprintf(stderr, "sbx: commit or snapshot the work, or "
+					"run `sbx down %s --force` to discard "
+					"it\n", argv[optind]);
+		return ret;
+	}
+	if (rc < 0)
+		return cli_report(CLI_EXIT_FAIL);
+	return CLI_EXIT_OK;
 }

@@ -22,6 +22,7 @@
 #include "sbx/xmalloc.h"
 #include "cli_i.h"
 
+/* What the command line gives; cli_up_opts is built from it. */
 struct up_opts {
 	const char *name;
 	const char *provider;
@@ -125,19 +126,6 @@ static int remote_flags(cJSON *flags, const struct up_opts *o)
 	return CLI_EXIT_OK;
 }
 
-/* Print the result: the mountpoint, or the status object. */
-static void print_result(const struct sbx_session *s, bool json)
-{
-	if (json) {
-		cJSON *j = sbx_status_new(s);
-
-		cli_print_json(j);
-		cJSON_Delete(j);
-	} else {
-		printf("%s\n", s->mountpoint);
-	}
-}
-
 /* Fill the record from what the provider reported. */
 static void take_info(struct sbx_session *s, const struct sbx_sandbox_info *i)
 {
@@ -209,7 +197,7 @@ out:
 }
 
 /* Create a new session: provider create, record, mount. */
-static int create(struct sbx_session *s, const struct up_opts *o,
+static int create(struct sbx_session *s, const struct cli_up_opts *o,
 		  const cJSON *cfg, int lock_fd, int *exit_out)
 {
 	struct sbx_sandbox_info info;
@@ -349,6 +337,70 @@ static int recover(struct sbx_session *s)
 	return rc;
 }
 
+int cli_session_up(cJSON **status_out, int *exit_out,
+		   const struct cli_up_opts *o)
+{
+	struct sbx_session s;
+	struct sbx_config_opts copts = {0};
+	cJSON *cfg = NULL;
+	int rc, lock = -1;
+
+	*status_out = NULL;
+	*exit_out = CLI_EXIT_FAIL;
+	sbx_session_init(&s);
+	copts.repo = o->repo;
+	copts.config_file = o->config_file;
+	copts.flags = o->flags;
+	rc = sbx_config_load(&cfg, &copts);
+	if (rc < 0) {
+		*exit_out = CLI_EXIT_CONFIG;
+		goto out;
+	}
+	if (o->isolate && strcmp(sbx_config_provider(cfg), "local") != 0) {
+		*exit_out = CLI_EXIT_USAGE;
+		rc = sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
+				   "--isolate applies to the local provider "
+				   "only");
+		goto out;
+	}
+
+	rc = sbx_state_lock(&lock, o->name, true, CLI_LOCK_TIMEOUT_MS);
+	if (rc < 0)
+		goto out;
+	rc = sbx_state_load(&s, o->name);
+	if (rc == 0 && s.state == SBX_STATE_CREATING) {
+		rc = recover(&s);
+		if (rc < 0)
+			sbx_session_fini(&s);
+	}
+	if (rc == 0) {
+		if (sbx_status_mounted(&s)) {
+			if (o->mount)
+				fprintf(stderr, "sbx: session %s is already "
+						"mounted at %s; --mount "
+						"ignored\n", o->name,
+					s.mountpoint);
+		} else {
+			rc = remount(&s, o->mount, cfg, lock);
+		}
+	} else if (rc == -ENOENT &&
+		   sbx_error_last()->klass == SBX_ERR_NOTFOUND) {
+		sbx_error_clear();
+		sbx_session_init(&s);
+		s.session = sbx_xstrdup(o->name);
+		rc = create(&s, o, cfg, lock, exit_out);
+	}
+	if (rc == 0) {
+		*status_out = sbx_status_new(&s);
+		*exit_out = CLI_EXIT_OK;
+	}
+out:
+	sbx_state_unlock(lock);
+	sbx_session_fini(&s);
+	cJSON_Delete(cfg);
+	return rc;
+}
+
 int cli_cmd_up(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -367,14 +419,12 @@ int cli_cmd_up(int argc, char **argv)
 		{0},
 	};
 	struct up_opts o = {0};
-	struct sbx_session s;
-	struct sbx_config_opts copts = {0};
-	cJSON *flags = NULL, *cfg = NULL;
+	struct cli_up_opts uo = {0};
+	cJSON *flags = NULL, *status = NULL;
 	char *name = NULL;
 	bool generated = false;
-	int opt, rc, lock = -1, ret = CLI_EXIT_FAIL;
+	int opt, rc, ret = CLI_EXIT_FAIL;
 
-	sbx_session_init(&s);
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'p': o.provider = optarg; break;
@@ -416,19 +466,6 @@ int cli_cmd_up(int argc, char **argv)
 		sbx_json_set_str(local, "isolation", "bwrap");
 		sbx_json_set_take(flags, "local", local);
 	}
-	copts.repo = o.repo;
-	copts.config_file = o.config ? o.config : cli_g.config_file;
-	copts.flags = flags;
-	rc = sbx_config_load(&cfg, &copts);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_CONFIG);
-		goto out;
-	}
-	if (o.isolate && strcmp(sbx_config_provider(cfg), "local") != 0) {
-		ret = cli_usage("up", "--isolate applies to the local "
-				      "provider only");
-		goto out;
-	}
 
 	if (o.name) {
 		name = sbx_xstrdup(o.name);
@@ -443,55 +480,31 @@ int cli_cmd_up(int argc, char **argv)
 		generated = true;
 	}
 
-	rc = sbx_state_lock(&lock, name, true, CLI_LOCK_TIMEOUT_MS);
+	uo.name = name;
+	uo.repo = o.repo;
+	uo.ref = o.ref;
+	uo.mount = o.mount;
+	uo.config_file = o.config ? o.config : cli_g.config_file;
+	uo.flags = flags;
+	uo.carry = o.carry;
+	uo.isolate = o.isolate;
+	rc = cli_session_up(&status, &ret, &uo);
 	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
-		goto out;
-	}
-	rc = sbx_state_load(&s, name);
-	if (rc == 0 && s.state == SBX_STATE_CREATING) {
-		rc = recover(&s);
-		if (rc < 0)
-			sbx_session_fini(&s);
-	}
-	if (rc == 0) {
-		if (sbx_status_mounted(&s)) {
-			if (o.mount)
-				fprintf(stderr, "sbx: session %s is already "
-						"mounted at %s; --mount "
-						"ignored\n", name,
-					s.mountpoint);
-			print_result(&s, o.json);
-			ret = CLI_EXIT_OK;
-			goto out;
-		}
-		rc = remount(&s, o.mount, cfg, lock);
-		if (rc < 0) {
-			ret = cli_report(CLI_EXIT_FAIL);
-			goto out;
-		}
-	} else if (rc == -ENOENT &&
-		   sbx_error_last()->klass == SBX_ERR_NOTFOUND) {
-		sbx_error_clear();
-		sbx_session_init(&s);
-		s.session = sbx_xstrdup(name);
-		rc = create(&s, &o, cfg, lock, &ret);
-		if (rc < 0) {
+		if (ret == CLI_EXIT_USAGE)
+			ret = cli_usage("up", "%s", sbx_error_last()->msg);
+		else
 			ret = cli_report(ret);
-			goto out;
-		}
-		if (generated && !o.json)
-			fprintf(stderr, "sbx: session %s\n", name);
-	} else {
-		ret = cli_report(CLI_EXIT_FAIL);
 		goto out;
 	}
-	print_result(&s, o.json);
+	if (generated && !o.json)
+		fprintf(stderr, "sbx: session %s\n", name);
+	if (o.json)
+		cli_print_json(status);
+	else
+		printf("%s\n", sbx_json_str(status, "mountpoint"));
 	ret = CLI_EXIT_OK;
 out:
-	sbx_state_unlock(lock);
-	sbx_session_fini(&s);
-	cJSON_Delete(cfg);
+	cJSON_Delete(status);
 	cJSON_Delete(flags);
 	free(name);
 	return ret;

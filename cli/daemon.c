@@ -120,6 +120,15 @@ static void child(const struct sbx_session *s, int ready_w, int err_w,
 	close_range((unsigned)hi + 1, ~0U, 0);
 
 	setsid();
+	/* `sbx serve` forks us from a thread that blocks SIGINT/SIGTERM/
+	 * SIGHUP (taken by its sigwait()); the mask is inherited, and
+	 * libfuse's handlers need them delivered. */
+	{
+		sigset_t none;
+
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+	}
 	prctl(PR_SET_NAME, SBX_DAEMON_COMM, 0, 0, 0);
 	/* libfuse ignores SIGPIPE too; a gone parent must not kill us. */
 	signal(SIGPIPE, SIG_IGN);
