@@ -2064,11 +2064,28 @@ static int c_statfs(struct sbx_sandbox *sb, struct sbx_node *node,
 		r_;                                                            \
 	})
 
+/*
+ * security.* (SELinux labels, capabilities) and system.* (POSIX ACLs) of a
+ * remote sandbox describe the remote machine's policy, not something this
+ * machine can enforce; `ls -l` asks every file for them, which would cost
+ * a round trip per file.  They are not exposed.
+ */
+static bool foreign_xattr(const char *name)
+{
+	return strncmp(name, "security.", 9) == 0 ||
+	       strncmp(name, "system.", 7) == 0;
+}
+
 static ssize_t c_getxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 			  const char *name, void *buf, size_t size)
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
+
+	if (foreign_xattr(name))
+		return sbx_error_set(SBX_ERR_REMOTE, -ENODATA,
+				     "%s is not exposed for remote sandboxes",
+				     name);
 
 	if (!c->inner->ops->getxattr)
 		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
@@ -2096,6 +2113,10 @@ static int c_setxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
 
+	if (foreign_xattr(name))
+		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP,
+				     "%s is not exposed for remote sandboxes",
+				     name);
 	if (!c->inner->ops->setxattr)
 		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
 	return (int)XATTR_CALL(c, node, in,
