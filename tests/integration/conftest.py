@@ -200,14 +200,19 @@ def sandbox(request, sbx_env, repo, provider):
         yield sb
         return
     from testenv.agent import up_remote
-    from testenv.latency_proxy import LatencyProxy
+    from testenv.latency_proxy import ProxyProcess
     agent = request.getfixturevalue("agent")
     proxy = None
     if provider == "slow_remote":
-        proxy = LatencyProxy(agent.address,
+        proxy = ProxyProcess(agent.address,
                              delay_ms=SLOW_REMOTE_DELAY_MS).start()
     try:
         yield up_remote(sbx_env, "t1", agent, proxy, repo=repo)
+        call = getattr(request.node, "rep_call", None)
+        if call is not None and call.failed:
+            sys.stderr.write(f"[remote sandbox] {sbx_env.log_tail('t1')}\n"
+                             f"--- agent output ---\n"
+                             f"{agent.output()[-4000:]}\n")
         # Down while the agent still answers (sbx_env's teardown comes
         # after the agent fixture's).
         sbx_env.sbx("down", "t1", "--force", timeout=60)

@@ -32,7 +32,7 @@ import pytest
 from exec_util import run_bytes, shim
 from testenv import mounts
 from testenv.agent import set_remote_config, up_remote
-from testenv.latency_proxy import LatencyProxy
+from testenv.latency_proxy import LatencyProxy, ProxyProcess
 
 # The exec tests of the shim issue, against the remote sandbox.  Imported
 # test functions are collected here again with this module's `sandbox`
@@ -200,7 +200,9 @@ def diagnostics(sb):
 @pytest.fixture
 def proxied(sbx_env, repo, agent):
     """A remote session through the latency proxy (10 ms each way)."""
-    proxy = LatencyProxy(agent.address, delay_ms=10).start()
+    # In a child process: an in-process proxy thread deadlocks with
+    # subprocess(cwd=mount) (see testenv/latency_proxy.py).
+    proxy = ProxyProcess(agent.address, delay_ms=10).start()
     try:
         sb = up_remote(sbx_env, "t1", agent, proxy, repo=repo)
         yield sb
@@ -274,9 +276,14 @@ def _connect(port):
     return c
 
 
+PROXY_KINDS = pytest.mark.parametrize("kind", [LatencyProxy, ProxyProcess],
+                                      ids=["thread", "process"])
+
+
 @pytest.mark.nofuse
-def test_proxy_adds_20ms_round_trip(echo):
-    with LatencyProxy(("127.0.0.1", echo.port), delay_ms=10) as p:
+@PROXY_KINDS
+def test_proxy_adds_20ms_round_trip(echo, kind):
+    with kind(("127.0.0.1", echo.port), delay_ms=10) as p:
         c = _connect(p.port)
         rtts = []
         for i in range(30):
@@ -292,9 +299,10 @@ def test_proxy_adds_20ms_round_trip(echo):
 
 
 @pytest.mark.nofuse
-def test_proxy_throughput_at_least_50_mb_s(echo):
+@PROXY_KINDS
+def test_proxy_throughput_at_least_50_mb_s(echo, kind):
     total = 128 << 20
-    with LatencyProxy(("127.0.0.1", echo.port), delay_ms=10) as p:
+    with kind(("127.0.0.1", echo.port), delay_ms=10) as p:
         c = _connect(p.port)
         buf = b"S" + b"x" * ((1 << 20) - 1)
         t = time.monotonic()
@@ -331,8 +339,9 @@ def test_proxy_throughput_at_least_50_mb_s(echo):
 
 
 @pytest.mark.nofuse
-def test_proxy_cut_refuses_and_restore_listens_again(echo):
-    with LatencyProxy(("127.0.0.1", echo.port), delay_ms=1) as p:
+@PROXY_KINDS
+def test_proxy_cut_refuses_and_restore_listens_again(echo, kind):
+    with kind(("127.0.0.1", echo.port), delay_ms=1) as p:
         port = p.port
         c = _connect(port)
         c.sendall(b"a")
@@ -355,8 +364,9 @@ def test_proxy_cut_refuses_and_restore_listens_again(echo):
 
 
 @pytest.mark.nofuse
-def test_proxy_blackhole_is_silent(echo):
-    with LatencyProxy(("127.0.0.1", echo.port), delay_ms=1) as p:
+@PROXY_KINDS
+def test_proxy_blackhole_is_silent(echo, kind):
+    with kind(("127.0.0.1", echo.port), delay_ms=1) as p:
         c = _connect(p.port)
         p.cut(mode="blackhole")
         c.settimeout(0.5)

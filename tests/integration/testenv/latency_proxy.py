@@ -27,20 +27,36 @@ As a module (for shell scripts such as bench/remote.sh):
 prints the chosen listening port on the first line of stdout, then runs
 until SIGTERM/SIGINT.  SIGUSR1 cuts, SIGUSR2 restores.
 
+With --control, it also reads commands from stdin, one per line, and
+answers each with one line ("ok ..." or "err ..."): "cut", "cut blackhole",
+"restore", "delay MS", "stats".  EOF on stdin ends it (so it never outlives
+the process that controls it).
+
 As a class (for fixtures):
 
-    with LatencyProxy(("127.0.0.1", agent_port), delay_ms=10) as p:
-        url = f"http://127.0.0.1:{p.port}"
+    with ProxyProcess(("127.0.0.1", agent_port), delay_ms=10) as p:
+        url = p.url
         ...
         p.cut(); ...; p.restore()
+
+ProxyProcess runs the proxy in a child process (the module with --control).
+Fixtures must use it, not LatencyProxy, which runs in a thread of the
+calling process: a test process that starts a subprocess with its cwd in the
+mount (subprocess.run(cwd=mnt)) holds the GIL across vfork() while the
+child's chdir() waits for the FUSE daemon, which waits for the proxy thread,
+which waits for the GIL -- a deadlock until the daemon's request timeout.
+LatencyProxy (same interface) is fine where no FUSE mount is involved.
 """
 
 import argparse
 import asyncio
 import collections
+import os
+import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -244,8 +260,9 @@ class LatencyProxy:
             return
         self._cut = True
         if self._server is not None:
+            # Not wait_closed(): since 3.11.x (Debian's 3.11.2 too) it waits
+            # for every connection to end, and we are the ones ending them.
             self._server.close()
-            await self._server.wait_closed()
             self._server = None
         self._drop_all()
 
@@ -360,6 +377,124 @@ class LatencyProxy:
                         pass
 
 
+class ProxyProcess:
+    """The proxy in a child process, controlled through its stdin."""
+
+    def __init__(self, target, listen=("127.0.0.1", 0), delay_ms=10.0):
+        self.target = (target[0], int(target[1]))
+        self.listen_addr = (listen[0], int(listen[1]))
+        self.delay = delay_ms / 1000.0
+        self.port = None
+        self.proc = None
+
+    def start(self, timeout=10):
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "testenv.latency_proxy", "--control",
+             "--listen", f"{self.listen_addr[0]}:{self.listen_addr[1]}",
+             "--target", f"{self.target[0]}:{self.target[1]}",
+             "--delay-ms", str(self.delay * 1000)],
+            cwd=here, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, bufsize=1)
+        line = self._readline(timeout)
+        if not line.strip().isdigit():
+            self.close()
+            raise RuntimeError(f"latency proxy did not start: {line!r}")
+        self.port = int(line)
+        return self
+
+    def _readline(self, timeout):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise RuntimeError("latency proxy does not answer")
+        return self.proc.stdout.readline()
+
+    def command(self, line, timeout=10):
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError("latency proxy is not running")
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self._readline(timeout).strip()
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"latency proxy: {line!r}: {answer!r}")
+        return answer[2:].strip()
+
+    def cut(self, mode="refuse"):
+        self.command(f"cut {mode}")
+
+    def restore(self):
+        self.command("restore")
+
+    def set_delay(self, delay_ms):
+        self.command(f"delay {delay_ms}")
+        self.delay = delay_ms / 1000.0
+
+    def stats(self):
+        conns, nbytes = self.command("stats").split()
+        return int(conns), int(nbytes)
+
+    def close(self):
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def address(self):
+        return (self.listen_addr[0], self.port)
+
+    @property
+    def url(self):
+        return f"http://{self.listen_addr[0]}:{self.port}"
+
+
+async def _control(proxy, stop):
+    """Serve --control commands from stdin until EOF."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                 sys.stdin)
+    while True:
+        line = (await reader.readline()).decode()
+        if not line:
+            break
+        words = line.split()
+        try:
+            if words[:1] == ["cut"]:
+                await proxy._do_cut(words[1] if len(words) > 1 else "refuse")
+                answer = "ok"
+            elif words == ["restore"]:
+                await proxy._do_restore()
+                answer = "ok"
+            elif words[:1] == ["delay"] and len(words) == 2:
+                proxy.set_delay(float(words[1]))
+                answer = "ok"
+            elif words == ["stats"]:
+                answer = f"ok {proxy.connections} {proxy.bytes}"
+            else:
+                answer = f"err unknown command {line.strip()!r}"
+        except Exception as e:  # noqa: BLE001 - reported to the controller
+            answer = f"err {e}"
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+    stop()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="python3 -m testenv.latency_proxy",
@@ -371,6 +506,8 @@ def main(argv=None):
                     help="HOST:PORT to forward to")
     ap.add_argument("--delay-ms", type=float, default=10.0,
                     help="one-way delay in ms (RTT is twice that)")
+    ap.add_argument("--control", action="store_true",
+                    help="read commands from stdin; exit at its EOF")
     a = ap.parse_args(argv)
 
     proxy = LatencyProxy(a.target, a.listen, a.delay_ms)
@@ -386,6 +523,11 @@ def main(argv=None):
                             lambda: loop.create_task(proxy._do_cut("refuse")))
     loop.add_signal_handler(signal.SIGUSR2,
                             lambda: loop.create_task(proxy._do_restore()))
+    if a.control:
+        # A strong reference: the loop keeps tasks only weakly, and the
+        # stdin reader is referenced only from the task's frame, so an
+        # unreferenced task is garbage collected in the middle of a wait.
+        proxy._control_task = loop.create_task(_control(proxy, stop))
     try:
         loop.run_forever()
     finally:

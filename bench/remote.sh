@@ -1,0 +1,449 @@
+#!/usr/bin/env bash
+# Benchmark a remote sbx mount against sshfs, both at 20 ms round trip.
+#
+#   sudo bench/remote.sh [BUILD_DIR]      (from anywhere, after building;
+#                                          default BUILD_DIR: build)
+#
+# The tree is a copy of /usr/include/linux (~760 files, 6.5 MB) committed to
+# a fresh git repository, plus an ignored 256 MiB file (blob/big.bin).  The
+# same directory is seen three ways:
+#   sbx     sbx-agent serving it, reached through the latency proxy
+#           (tests/integration/testenv/latency_proxy.py, DELAY_MS each way),
+#           mounted with `sbx up bench --provider remote --url ...`
+#   sshfs   a private sshd on loopback (own host key, own authorized key,
+#           own config, in the temporary directory; the system sshd and its
+#           config are never touched) behind the same kind of latency proxy,
+#           mounted with sshfs -o reconnect,ServerAliveInterval=15 and
+#           sshfs's default cache settings (sshfs 3.7: dir_cache=yes,
+#           dcache_timeout=20 s, entry_timeout=attr_timeout=1 s,
+#           kernel_cache off, max_conns=1)
+#   native  the directory itself (no network, no FUSE)
+# Rows:
+#   grep -r cold     grep -r for an absent string; before each run the page
+#                    cache is dropped, sshfs is remounted, and sbx gets a
+#                    fresh daemon with an empty cache (sbx umount + mount)
+#   grep -r warm     the same right after a run (caches warm)
+#   ls -lR cold/warm ls -lR of the tree, cold as above
+#   git status cold/warm  git status --porcelain at the repository root
+#                    (the repository sets core.checkStat=minimal and
+#                    core.trustctime=false so that the three views, which
+#                    report different inode numbers and ctimes for the same
+#                    files, do not make each other re-index)
+#   seq read 256MiB  dd bs=1M of blob/big.bin, cold (caches dropped,
+#                    remounted); also shown as MB/s
+#   editor save      write a temp file + fsync + rename over linux/kernel.h
+#                    (what vim/VS Code do), median of SAVES saves
+#   exec true        sbx: sbx-exec true with cwd in the mount (through the
+#                    daemon, the proxy and the agent); sshfs column: `ssh
+#                    host true` through the proxy (a new connection each
+#                    time, as a tool would run it), plus a row for ssh over
+#                    a ControlMaster connection; native: fork/exec of true
+# Times are medians of COLD_RUNS (cold rows) or RUNS (warm rows) runs, in
+# seconds.  Ratios: sbx/sshfs (< 1 means sbx is faster) and sbx/native.
+#
+# Environment: RUNS (default 3), COLD_RUNS (default 3), SAVES (default 10),
+# EXEC_RUNS (default 20), DELAY_MS (one-way delay, default 10 = 20 ms RTT),
+# SRC (default /usr/include/linux), WORKDIR (default /var/tmp), KEEP=1
+# keeps the temporary directory, SKIP_SSHFS=1 / SKIP_SBX=1 leave one side
+# out.  Needs root (dropping caches, sshd); installs openssh-server and
+# sshfs with apt-get if they are missing.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$top/build}" 2>/dev/null && pwd) ||
+	{ echo "bench/remote.sh: no build directory ${1:-$top/build}" >&2; exit 2; }
+SBX=$build/cli/sbx
+SHIM=$build/shim/sbx-exec
+AGENT=$build/agent/sbx-agent
+PY=/usr/bin/python3
+RUNS=${RUNS:-3}
+COLD_RUNS=${COLD_RUNS:-3}
+SAVES=${SAVES:-10}
+EXEC_RUNS=${EXEC_RUNS:-20}
+DELAY_MS=${DELAY_MS:-10}
+SRC=${SRC:-/usr/include/linux}
+SKIP_SBX=${SKIP_SBX:-0}
+SKIP_SSHFS=${SKIP_SSHFS:-0}
+
+die() { echo "bench/remote.sh: $*" >&2; exit 1; }
+note() { echo "bench/remote.sh: $*" >&2; }
+[ "$(id -u)" -eq 0 ] || die "run as root (dropping caches, a private sshd)"
+[ -d "$SRC" ] || die "$SRC missing (apt install linux-libc-dev)"
+command -v git >/dev/null || die "git missing: apt install git"
+if [ "$SKIP_SBX" != 1 ]; then
+	for b in "$SBX" "$SHIM" "$AGENT"; do
+		[ -x "$b" ] || die "$b not built: meson setup build && ninja -C build (or SKIP_SBX=1)"
+	done
+fi
+if [ "$SKIP_SSHFS" != 1 ]; then
+	need=()
+	[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+	command -v sshfs >/dev/null || need+=(sshfs)
+	command -v ssh >/dev/null || need+=(openssh-client)
+	if [ ${#need[@]} -gt 0 ]; then
+		note "installing ${need[*]} ..."
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" \
+			>/dev/null || die "apt-get install ${need[*]} failed"
+	fi
+fi
+
+work=$(mktemp -d "${WORKDIR:-/var/tmp}/sbx-bench-remote.XXXXXX")
+chmod 755 "$work"
+tree=$work/tree
+sbxmnt="" sshfsmnt=$work/sshfs
+pids=()          # background processes we started (agent, proxies, sshd)
+ctl=$work/ssh-ctl
+
+export SBX_HOME=$work/state SBX_MOUNT_ROOT=$work/mnt SBX_CONFIG=$work/config.json
+export HOME=$work/home
+mkdir -p "$HOME" "$SBX_MOUNT_ROOT"
+echo '{}' >"$SBX_CONFIG"
+
+cleanup() {
+	set +e
+	[ -n "$sbxmnt" ] && "$SBX" down bench --force >/dev/null 2>&1
+	[ -S "$ctl" ] && ssh -o ControlPath="$ctl" -O exit bench >/dev/null 2>&1
+	mountpoint -q "$sshfsmnt" 2>/dev/null && fusermount3 -u -z "$sshfsmnt"
+	grep -F " $work/" /proc/self/mountinfo | awk '{print $5}' |
+		while read -r m; do fusermount3 -u -z "$m" 2>/dev/null ||
+			umount -l "$m"; done
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	sleep 0.2
+	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+	if [ "${KEEP:-0}" = 1 ]; then
+		echo "kept $work" >&2
+	else
+		rm -rf "$work"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_proxy TARGET_PORT: a latency proxy in the background; sets
+# $proxy_port (not a $(...) call: the pid must be recorded in this shell)
+start_proxy() {
+	local out=$work/proxy.$1.port
+	(cd "$top/tests/integration" && exec "$PY" -m testenv.latency_proxy \
+		--listen 127.0.0.1:0 --target "127.0.0.1:$1" \
+		--delay-ms "$DELAY_MS" >"$out" 2>"$work/proxy.$1.log") &
+	pids+=($!)
+	for _ in $(seq 100); do
+		if [ -s "$out" ]; then
+			proxy_port=$(head -n1 "$out")
+			return
+		fi
+		sleep 0.05
+	done
+	die "latency proxy did not start: $(cat "$work/proxy.$1.log")"
+}
+
+free_port() {
+	"$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# -- the tree ----------------------------------------------------------------------
+note "preparing: $SRC -> git repository in $tree ..."
+mkdir -p "$tree/blob"
+cp -a "$SRC" "$tree/linux"
+printf 'blob/\n' >"$tree/.gitignore"
+git -C "$tree" init -q -b main
+git -C "$tree" config core.checkStat minimal
+git -C "$tree" config core.trustctime false
+git -C "$tree" add -A
+git -C "$tree" -c user.name=bench -c user.email=bench@sbx.invalid \
+	commit -q -m "bench tree"
+git -C "$tree" status --porcelain >/dev/null
+dd if=/dev/urandom of="$tree/blob/big.bin" bs=1M count=256 status=none
+nfiles=$(find "$tree/linux" -type f | wc -l)
+ndirs=$(find "$tree/linux" -type d | wc -l)
+sync
+
+# -- sbx: agent + proxy + sbx up ------------------------------------------------------
+if [ "$SKIP_SBX" != 1 ]; then
+	head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/agent.token"
+	chmod 600 "$work/agent.token"
+	aport=$(free_port)
+	"$AGENT" serve --root "$tree" --listen "127.0.0.1:$aport" \
+		--token-file "$work/agent.token" >"$work/agent.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 200); do
+		curl -fsS "http://127.0.0.1:$aport/v1/health" >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	curl -fsS "http://127.0.0.1:$aport/v1/health" >/dev/null ||
+		die "sbx-agent did not start: $(cat "$work/agent.log")"
+	start_proxy "$aport"
+	sbxport=$proxy_port
+	sbxmnt=$("$SBX" up bench --provider remote \
+		--url "http://127.0.0.1:$sbxport" \
+		--token-file "$work/agent.token" | tail -n1) ||
+		die "sbx up failed: $(cat "$SBX_HOME/logs/bench.log" 2>/dev/null)"
+	[ -f "$sbxmnt/linux/kernel.h" ] || die "$sbxmnt does not show the tree"
+fi
+
+# -- sshfs: private sshd + proxy + sshfs ------------------------------------------------
+if [ "$SKIP_SSHFS" != 1 ]; then
+	sd=$work/sshd
+	mkdir -p "$sd" /run/sshd
+	chmod 700 "$sd"
+	ssh-keygen -q -t ed25519 -N '' -f "$sd/host_key"
+	ssh-keygen -q -t ed25519 -N '' -f "$sd/client_key"
+	cp "$sd/client_key.pub" "$sd/authorized_keys"
+	sport=$(free_port)
+	sftp=/usr/lib/openssh/sftp-server
+	cat >"$sd/sshd_config" <<EOF
+Port $sport
+ListenAddress 127.0.0.1
+HostKey $sd/host_key
+PidFile $sd/sshd.pid
+AuthorizedKeysFile $sd/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+LogLevel ERROR
+Subsystem sftp $sftp
+EOF
+	/usr/sbin/sshd -D -e -f "$sd/sshd_config" 2>"$sd/sshd.log" &
+	pids+=($!)
+	start_proxy "$sport"
+	sshport=$proxy_port
+	cat >"$sd/ssh_config" <<EOF
+Host bench
+	HostName 127.0.0.1
+	Port $sshport
+	User root
+	IdentityFile $sd/client_key
+	IdentitiesOnly yes
+	StrictHostKeyChecking no
+	UserKnownHostsFile /dev/null
+	LogLevel ERROR
+	BatchMode yes
+EOF
+	ok=0
+	for _ in $(seq 50); do
+		ssh -F "$sd/ssh_config" bench true 2>/dev/null && { ok=1; break; }
+		sleep 0.1
+	done
+	[ $ok = 1 ] || die "private sshd does not answer: $(cat "$sd/sshd.log")"
+	mkdir -p "$sshfsmnt"
+	sshfs_mount() {
+		sshfs -F "$sd/ssh_config" -o reconnect,ServerAliveInterval=15 \
+			"bench:$tree" "$sshfsmnt"
+	}
+	sshfs_mount
+	[ -f "$sshfsmnt/linux/kernel.h" ] || die "sshfs does not show the tree"
+	ssh -F "$sd/ssh_config" -o ControlMaster=yes -o ControlPath="$ctl" \
+		-o ControlPersist=yes -fN bench
+fi
+
+# -- cold-start scripts, run before every cold measurement ----------------------------
+cat >"$work/cold-native.sh" <<EOF
+sync; echo 3 >/proc/sys/vm/drop_caches
+EOF
+cat >"$work/cold-sbx.sh" <<EOF
+set -e
+"$SBX" umount bench >/dev/null
+rm -rf "$SBX_HOME/cache/bench"
+sync; echo 3 >/proc/sys/vm/drop_caches
+"$SBX" mount bench >/dev/null
+for i in \$(seq 200); do mountpoint -q "$sbxmnt" && break; sleep 0.05; done
+mountpoint -q "$sbxmnt"
+EOF
+cat >"$work/cold-sshfs.sh" <<EOF
+set -e
+fusermount3 -u "$sshfsmnt"
+sync; echo 3 >/proc/sys/vm/drop_caches
+sshfs -F "$work/sshd/ssh_config" -o reconnect,ServerAliveInterval=15 \
+	"bench:$tree" "$sshfsmnt"
+EOF
+
+note "tree: $nfiles files, $ndirs directories; one-way delay ${DELAY_MS} ms"
+note "measuring (RUNS=$RUNS, COLD_RUNS=$COLD_RUNS) ..."
+
+export work tree sbxmnt sshfsmnt RUNS COLD_RUNS SAVES EXEC_RUNS DELAY_MS \
+	SHIM SKIP_SBX SKIP_SSHFS nfiles ndirs
+"$PY" - <<'PY'
+import os, statistics, subprocess, sys, time
+
+E = os.environ
+work, tree = E["work"], E["tree"]
+RUNS, COLD, SAVES = int(E["RUNS"]), int(E["COLD_RUNS"]), int(E["SAVES"])
+EXEC_RUNS, DELAY = int(E["EXEC_RUNS"]), float(E["DELAY_MS"])
+RTT = 2 * DELAY / 1000
+views = {"native": tree}
+if E["SKIP_SBX"] != "1":
+    views["sbx"] = E["sbxmnt"]
+if E["SKIP_SSHFS"] != "1":
+    views["sshfs"] = E["sshfsmnt"]
+ssh_cfg = os.path.join(work, "sshd", "ssh_config")
+ctl = os.path.join(work, "ssh-ctl")
+
+
+def sh(cmd, check=False):
+    return subprocess.run(["bash", "-c", cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=check)
+
+
+def cold(view):
+    r = sh(f"bash {work}/cold-{view}.sh")
+    if r.returncode:
+        sys.exit(f"cold start of {view} failed: {r.stderr.decode()}")
+
+
+def timed(cmd, cwd=None):
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+res = {}   # row -> view -> seconds
+extra = {}
+
+
+def measure(row, view, cmd, is_cold, runs=None, cwd=None):
+    n = runs or (COLD if is_cold else RUNS)
+    ts = []
+    if not is_cold:
+        timed(cmd, cwd)                      # warm-up
+    for _ in range(n):
+        if is_cold:
+            cold(view)
+        ts.append(timed(cmd, cwd))
+    med = statistics.median(ts)
+    res.setdefault(row, {})[view] = med
+    print(f"  {row:18} {view:7} {med:8.3f} s   (runs: "
+          f"{', '.join(f'{t:.3f}' for t in ts)})", file=sys.stderr,
+          flush=True)
+
+
+absent = "ZZ_sbx_bench_string_that_is_nowhere_ZZ"
+for view, d in views.items():
+    measure("grep -r cold", view, ["grep", "-r", absent, f"{d}/linux"], True)
+    measure("grep -r warm", view, ["grep", "-r", absent, f"{d}/linux"], False)
+for view, d in views.items():
+    measure("ls -lR cold", view, ["ls", "-lR", f"{d}/linux"], True)
+    measure("ls -lR warm", view, ["ls", "-lR", f"{d}/linux"], False)
+for view, d in views.items():
+    git = ["git", "-c", f"safe.directory={d}", "-C", d, "status",
+           "--porcelain"]
+    measure("git status cold", view, git, True)
+    measure("git status warm", view, git, False)
+for view, d in views.items():
+    measure("seq read 256MiB", view,
+            ["dd", f"if={d}/blob/big.bin", "of=/dev/null", "bs=1M"], True)
+
+# editor-style save: temp + fsync + rename over an existing file
+target_rel = "linux/kernel.h"
+orig = open(os.path.join(tree, target_rel), "rb").read()
+for view, d in views.items():
+    target = os.path.join(d, target_rel)
+    tmp = os.path.join(os.path.dirname(target), ".kernel.h.sbx-bench.tmp")
+    ts = []
+    for i in range(SAVES + 1):
+        data = orig + f"/* save {i} */\n".encode() if i < SAVES else orig
+        t = time.perf_counter()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(tmp, target)
+        ts.append(time.perf_counter() - t)
+    assert open(target, "rb").read() == orig
+    med = statistics.median(ts[:SAVES])
+    res.setdefault("editor save", {})[view] = med
+    print(f"  {'editor save':18} {view:7} {med:8.3f} s", file=sys.stderr)
+
+# exec of true
+def exec_med(cmd, cwd=None):
+    timed(cmd, cwd)
+    return statistics.median(timed(cmd, cwd) for _ in range(EXEC_RUNS))
+
+res["exec true"] = {"native": exec_med(["true"])}
+if "sbx" in views:
+    res["exec true"]["sbx"] = exec_med([E["SHIM"], "true"], cwd=views["sbx"])
+if "sshfs" in views:
+    res["exec true"]["sshfs"] = exec_med(["ssh", "-F", ssh_cfg, "bench",
+                                          "true"])
+    res["exec true (ssh mux)"] = {
+        "sshfs": exec_med(["ssh", "-F", ssh_cfg, "-o",
+                           f"ControlPath={ctl}", "bench", "true"]),
+        "native": res["exec true"]["native"]}
+    if "sbx" in views:
+        res["exec true (ssh mux)"]["sbx"] = res["exec true"]["sbx"]
+for k in ("exec true", "exec true (ssh mux)"):
+    for v, t in res.get(k, {}).items():
+        print(f"  {k:18} {v:7} {t:8.4f} s", file=sys.stderr)
+
+# -- the table ------------------------------------------------------------
+goals = {
+    "grep -r cold": ("<= 2 s", lambda r: r["sbx"] <= 2.0),
+    "grep -r warm": ("<= 2x native", lambda r: r["sbx"] <= 2 * r["native"]),
+    "ls -lR cold": ("<= 1 s", lambda r: r["sbx"] <= 1.0),
+    "exec true": (f"<= 2 RTT + 10 ms = {(2 * RTT + 0.010) * 1000:.0f} ms",
+                  lambda r: r["sbx"] <= 2 * RTT + 0.010),
+    "seq read 256MiB": (">= sshfs MB/s",
+                        lambda r: r["sbx"] <= r.get("sshfs", float("inf"))),
+}
+
+
+def fmt(t):
+    if t is None:
+        return "n/a"
+    return f"{t:.4f}" if t < 0.1 else f"{t:.3f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a is not None and b else "n/a"
+
+
+rows = ["grep -r cold", "grep -r warm", "ls -lR cold", "ls -lR warm",
+        "git status cold", "git status warm", "seq read 256MiB",
+        "editor save", "exec true", "exec true (ssh mux)"]
+print()
+print(f"sbx remote vs sshfs at {2 * DELAY:.0f} ms RTT "
+      f"({E['nfiles']} files, {E['ndirs']} dirs; seconds, median)")
+hdr = (f"| {'row':19} | {'sbx':>8} | {'sshfs':>8} | {'native':>8} | "
+       f"{'sbx/sshfs':>9} | {'sbx/native':>10} | goal")
+print(hdr)
+print("|" + "|".join("-" * (len(c) + 0) for c in hdr.split("|")[1:]))
+misses = []
+for row in rows:
+    r = res.get(row)
+    if not r:
+        continue
+    s, f, n = r.get("sbx"), r.get("sshfs"), r.get("native")
+    goal = ""
+    if row in goals and s is not None:
+        text, ok = goals[row]
+        try:
+            met = ok(r)
+        except (KeyError, TypeError):
+            met = None
+        goal = f"{text}: {'met' if met else 'MISSED' if met is False else '?'}"
+        if met is False:
+            misses.append(f"{row} ({text})")
+    if s is not None and f is not None and row != "exec true (ssh mux)":
+        faster = s < f
+        goal += ("; " if goal else "") + ("faster than sshfs" if faster
+                                          else "NOT faster than sshfs")
+        if not faster:
+            misses.append(f"{row} (faster than sshfs)")
+    print(f"| {row:19} | {fmt(s):>8} | {fmt(f):>8} | {fmt(n):>8} | "
+          f"{ratio(s, f):>9} | {ratio(s, n):>10} | {goal}")
+mb = 256 * 1048576 / 1e6
+sr = res.get("seq read 256MiB", {})
+print("\nseq read MB/s: " + ", ".join(
+    f"{v} {mb / t:.0f}" for v, t in sr.items()))
+print("exec true (ssh) opens a new ssh connection per command; "
+      "(ssh mux) reuses a ControlMaster connection.")
+print("sshfs options: reconnect,ServerAliveInterval=15, default caches "
+      "(dir_cache=yes, dcache_timeout=20, entry/attr_timeout=1, no "
+      "kernel_cache).")
+if misses:
+    print("goals missed: " + "; ".join(misses))
+elif "sbx" in views:
+    print("all goals met")
+PY
