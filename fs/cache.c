@@ -85,7 +85,7 @@ struct cnode {
 	struct content *content;
 	unsigned dirty;       /* open files with unpushed writes */
 	unsigned opens;       /* open files */
-	unsigned active;      /* open files not yet closed (FLUSH) */
+	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
 
 	/* Hard links: other names of the same file, in a ring. */
@@ -122,7 +122,7 @@ struct cache {
 	struct sbx_sandbox *inner;
 	struct cnode root;
 	pthread_mutex_t lock;
-	pthread_cond_t cond;      /* prefetch completion */
+	pthread_cond_t cond;      /* prefetch completion, last RELEASE */
 	bool watching;
 	sbx_change_cb cb;
 	void *cb_payload;
@@ -155,6 +155,8 @@ struct expect {
 
 /* Hidden names of open files removed through the mount (silly_rename). */
 #define SILLY_PREFIX ".sbx-silly."
+/* How long an unlink waits for the RELEASE that follows a close. */
+#define RELEASE_WAIT_MS 100
 
 struct cache;
 struct cnode;
@@ -1172,6 +1174,20 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Wait up to RELEASE_WAIT_MS for n's last RELEASE.  Caller holds c->lock. */
+static void wait_released(struct cache *c, struct cnode *n)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += RELEASE_WAIT_MS * 1000000L;
+	until.tv_sec += until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	while (n->opens &&
+	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
+}
+
 /*
  * The sandbox cannot keep a file alive for our open descriptors, so a file
  * that is open here is renamed to a hidden name instead of being removed
@@ -1187,8 +1203,17 @@ static int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 
 	pthread_mutex_lock(&c->lock);
 	k = kid_find(dir, name);
-	if (!k || k->slot != S_PRESENT || !k->active ||
-	    !S_ISREG(k->st.st_mode)) {
+	/*
+	 * Every descriptor closed (FLUSH seen): the RELEASE is usually on its
+	 * way, so wait a little for it rather than leave a hidden file
+	 * behind.  A FLUSH does not mean the file is closed, though: a fork
+	 * that exec's closes its copies of the parent's descriptors, and the
+	 * parent's stay open.  Only RELEASE says that.
+	 */
+	if (k && k->opens && !k->active)
+		wait_released(c, k);
+	if (!k || k->slot == S_ABSENT || !k->opens || k->hidden ||
+	    (k->st.st_mode && !S_ISREG(k->st.st_mode))) {
 		pthread_mutex_unlock(&c->lock);
 		return 0;
 	}
@@ -1765,6 +1790,8 @@ static void drop_open(struct cache *c, struct cfile *f)
 		n->opens--;
 	if (!f->flushed && n->active)
 		n->active--;
+	if (!n->opens)
+		pthread_cond_broadcast(&c->cond);
 	unlink_hidden_locked(c, n);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -2296,18 +2323,28 @@ static void c_watch_stop(struct sbx_sandbox *sb)
 	c->watching = false;
 }
 
-static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *node)
+static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
+			 struct sbx_node *fresh, const struct stat *st)
 {
 	struct cache *c = CACHE(sb);
-	struct cnode *n = CNODE(node);
+	struct cnode *n = CNODE(old);
 	bool stale = false;
 
+	if (old == fresh)
+		return false;
 	pthread_mutex_lock(&c->lock);
 	if (n->slot == S_ABSENT || n->orphan) {
 		stale = true;
 		for (struct cnode *a = n->alias; a && a != n; a = a->alias)
 			if (a->slot != S_ABSENT && !a->orphan)
 				stale = false;
+	} else if (S_ISDIR(st->st_mode) || st->st_nlink <= 1) {
+		/*
+		 * One name only, and `fresh` was just found under it: what
+		 * `old` knows (a slot kept PRESENT or UNKNOWN by a listing
+		 * that raced the removal) is older than that.
+		 */
+		stale = true;
 	}
 	pthread_mutex_unlock(&c->lock);
 	return stale;

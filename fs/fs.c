@@ -58,7 +58,7 @@ const char *fs_mountpoint(struct fs *fs)
 }
 
 static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
-			  const char *name)
+			  const char *name, void *payload)
 {
 	if (parent && name)
 		fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
@@ -69,19 +69,82 @@ static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
 /* Forget every cached entry, attribute and page (events were lost). */
 static void invalidate_everything(struct fs *fs)
 {
-	fs_inode_foreach(fs, inval_all_one);
+	fs_inode_foreach(fs, inval_all_one, NULL);
+}
+
+uint64_t fs_entry_gen(struct fs *fs)
+{
+	return __atomic_load_n(&fs->entry_gen, __ATOMIC_ACQUIRE);
+}
+
+/* Remember an entry change for replies racing it. */
+static void note_entry_change(struct fs *fs, fuse_ino_t parent,
+			      const char *name)
+{
+	struct fs_recent_entry *r;
+
+	pthread_mutex_lock(&fs->lock);
+	r = &fs->recent[(fs->entry_gen + 1) % FS_RECENT_ENTRIES];
+	free(r->name);
+	r->parent = parent;
+	r->name = sbx_xstrdup(name);
+	__atomic_store_n(&fs->entry_gen, fs->entry_gen + 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&fs->lock);
+}
+
+/* fs_inode_foreach callback: drop the dentry of a child of *payload. */
+static void inval_child_of(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
+			   const char *name, void *payload)
+{
+	if (name && parent == *(const fuse_ino_t *)payload)
+		fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
+						 strlen(name));
+}
+
+void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since)
+{
+	char *names[FS_RECENT_ENTRIES];
+	size_t n = 0;
+	bool lost;
+
+	if (fs_entry_gen(fs) == since)
+		return; /* nothing changed meanwhile: the usual case */
+	pthread_mutex_lock(&fs->lock);
+	lost = fs->entry_gen - since > FS_RECENT_ENTRIES;
+	for (uint64_t g = since + 1; !lost && g <= fs->entry_gen; g++) {
+		const struct fs_recent_entry *r =
+			&fs->recent[g % FS_RECENT_ENTRIES];
+
+		if (r->parent == parent)
+			names[n++] = sbx_xstrdup(r->name);
+	}
+	pthread_mutex_unlock(&fs->lock);
+	if (!lost && n == 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		fuse_lowlevel_notify_inval_entry(fs->se, parent, names[i],
+						 strlen(names[i]));
+		free(names[i]);
+	}
+	if (lost) {
+		/* Too many changes to tell which: every known child. */
+		fs_inode_foreach(fs, inval_child_of, &parent);
+	}
+	fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
 }
 
 void fs_apply_change(const struct sbx_change *c, void *payload)
 {
 	struct fs *fs = payload;
 	fuse_ino_t parent, ino;
+	unsigned writers;
 
 	switch (c->kind) {
 	case SBX_CHANGE_ENTRY:
-		parent = fs_inode_find(fs, c->dir_dev, c->dir_ino);
+		parent = fs_inode_find(fs, c->dir_dev, c->dir_ino, NULL);
 		if (!parent)
 			return; /* the kernel caches nothing of that dir */
+		note_entry_change(fs, parent, c->name);
 		/* Drops the dentry (positive or negative)... */
 		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
 						 strlen(c->name));
@@ -90,23 +153,19 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		break;
 	case SBX_CHANGE_DATA:
 	case SBX_CHANGE_ATTR:
-		ino = fs_inode_find(fs, c->dev, c->ino);
+		ino = fs_inode_find(fs, c->dev, c->ino, &writers);
 		if (!ino)
 			return;
-		struct fs_inode *in = fs_inode_get(fs, ino);
-		bool data = c->kind == SBX_CHANGE_DATA;
-
 		/*
 		 * While the file is open for writing through the mount, its
 		 * pages are the writer's own (write-through): keep them and
 		 * refresh attributes only.  Concurrent writes from both sides
 		 * of the mount are as undefined here as on NFS.
 		 */
-		pthread_mutex_lock(&fs->lock);
-		if (in->writers)
-			data = false;
-		pthread_mutex_unlock(&fs->lock);
-		fuse_lowlevel_notify_inval_inode(fs->se, ino, data ? 0 : -1, 0);
+		fuse_lowlevel_notify_inval_inode(fs->se, ino,
+						 c->kind == SBX_CHANGE_DATA &&
+							 !writers ? 0 : -1,
+						 0);
 		break;
 	case SBX_CHANGE_OVERFLOW:
 		sbx_info("change stream overflowed: invalidating all caches");
@@ -366,6 +425,8 @@ out:
 	fuse_opt_free_args(&args);
 	free(opts);
 	fs_inodes_fini(&fs);
+	for (size_t i = 0; i < FS_RECENT_ENTRIES; i++)
+		free(fs.recent[i].name);
 	free(fs.control_socket);
 	sbx_sandbox_free(fs.cache);
 	pthread_mutex_destroy(&fs.lock);

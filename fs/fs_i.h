@@ -37,6 +37,8 @@
 
 struct fs_ctl;
 
+#define FS_RECENT_ENTRIES 256
+
 struct fs_inode {
 	struct sbx_node *node; /* provider reference, owned */
 	dev_t dev;
@@ -74,6 +76,18 @@ struct fs {
 	bool zero_open;
 	pthread_mutex_t barrier_lock;
 
+	/*
+	 * Recent entry changes (fs_entry_replay).  entry_gen counts them;
+	 * recent[gen % FS_RECENT_ENTRIES] holds the last ones.  Protected by
+	 * lock; entry_gen is also read without it (atomically) as a fast
+	 * path.
+	 */
+	uint64_t entry_gen;
+	struct fs_recent_entry {
+		fuse_ino_t parent;
+		char *name;
+	} recent[FS_RECENT_ENTRIES];
+
 	struct fs_ctl *ctl;
 };
 
@@ -100,8 +114,14 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 /* Drop `n` lookups; frees the inode (and forgets its node) at zero. */
 void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n);
 
-/* Find a live inode by provider identity; 0 when the kernel has none. */
-fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino);
+/*
+ * Find a live inode by provider identity; 0 when the kernel has none.  The
+ * kernel may forget the inode as soon as this returns, so the id is only
+ * good for notifications; `writers`, when not NULL, gets the inode's count
+ * of writers, read under the same lock.
+ */
+fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino,
+			 unsigned *writers);
 
 /* Count writers (opens for writing) of an inode. */
 void fs_inode_writers(struct fs *fs, struct fs_inode *inode, int delta);
@@ -112,7 +132,9 @@ void fs_inode_writers(struct fs *fs, struct fs_inode *inode, int delta);
  */
 void fs_inode_foreach(struct fs *fs,
 		      void (*fn)(struct fs *fs, fuse_ino_t ino,
-				 fuse_ino_t parent, const char *name));
+				 fuse_ino_t parent, const char *name,
+				 void *payload),
+		      void *payload);
 
 /* --- fs.c ---------------------------------------------------------------- */
 /*
@@ -125,5 +147,20 @@ bool fs_healthy(struct fs *fs);
 
 /* Apply one change from the provider's stream to the kernel caches. */
 void fs_apply_change(const struct sbx_change *c, void *payload);
+
+/*
+ * Replies that race a change.  A lookup or readdir reply is built from
+ * data read before it is sent; when an entry change is invalidated in
+ * between, the kernel installs the reply's stale dentry (or listing) after
+ * the invalidation, and keeps it for the whole long timeout.  So: take
+ * fs_entry_gen() before reading, and after sending the reply call
+ * fs_entry_replay(), which invalidates again whatever changed in `parent`
+ * meanwhile.  The kernel holds the directory's lock while it takes in a
+ * reply, and an invalidation waits for that lock: the second one lands
+ * after the stale data.  Never call replay before the reply is sent (the
+ * kernel would wait for the reply while we wait for its lock).
+ */
+uint64_t fs_entry_gen(struct fs *fs);
+void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since);
 
 #endif

@@ -140,7 +140,8 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 	pthread_mutex_lock(&fs->lock);
 	in = find_locked(fs, st->st_dev, st->st_ino);
 	if (in && in != &fs->root && in->node != node &&
-	    fs->sb->ops->node_stale && fs->sb->ops->node_stale(fs->sb, in->node)) {
+	    fs->sb->ops->node_stale &&
+	    fs->sb->ops->node_stale(fs->sb, in->node, node, st)) {
 		/*
 		 * The sandbox reused the inode number of a removed file the
 		 * kernel still holds: the new file gets its own inode, and
@@ -214,7 +215,8 @@ void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)
 		inode_free(fs, in);
 }
 
-fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino)
+fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino,
+			 unsigned *writers)
 {
 	struct fs_inode *in;
 	fuse_ino_t id = 0;
@@ -223,6 +225,8 @@ fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino)
 	in = find_locked(fs, dev, ino);
 	if (in)
 		id = fs_inode_id(fs, in);
+	if (writers)
+		*writers = in ? in->writers : 0;
 	pthread_mutex_unlock(&fs->lock);
 	return id;
 }
@@ -241,7 +245,9 @@ struct snap {
 
 void fs_inode_foreach(struct fs *fs,
 		      void (*fn)(struct fs *fs, fuse_ino_t ino,
-				 fuse_ino_t parent, const char *name))
+				 fuse_ino_t parent, const char *name,
+				 void *payload),
+		      void *payload)
 {
 	struct snap *v;
 	size_t n = 0, cap;
@@ -257,7 +263,7 @@ void fs_inode_foreach(struct fs *fs,
 							: NULL};
 	pthread_mutex_unlock(&fs->lock);
 	for (size_t i = 0; i < n; i++) {
-		fn(fs, v[i].ino, v[i].parent, v[i].name);
+		fn(fs, v[i].ino, v[i].parent, v[i].name, payload);
 		free(v[i].name);
 	}
 	free(v);

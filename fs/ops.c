@@ -25,6 +25,7 @@ struct fs_file {
 	struct sbx_file *fh;
 	struct fs_inode *inode;
 	bool writer;
+	uint64_t entry_gen; /* directories: fs_entry_gen() at opendir */
 };
 
 /* The virtual, read-only extended attributes of every path. */
@@ -166,6 +167,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fs *fs = fs_of(req);
 	struct sbx_node *node = NULL;
+	uint64_t gen = fs_entry_gen(fs);
 	struct stat st;
 	int rc;
 
@@ -178,11 +180,12 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		memset(&e, 0, sizeof(e));
 		e.entry_timeout = fs_timeout(fs);
 		fuse_reply_entry(req, &e);
-		return;
-	}
-	if (rc < 0)
+	} else if (rc < 0) {
 		return reply_err(req, "lookup", rc);
-	reply_entry(req, fs, parent, name, node, &st);
+	} else {
+		reply_entry(req, fs, parent, name, node, &st);
+	}
+	fs_entry_replay(fs, parent, gen);
 }
 
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
@@ -605,6 +608,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 	struct fs *fs = fs_of(req);
 	struct fs_file *f;
 	struct sbx_file *dh;
+	uint64_t gen;
 	int rc;
 
 	if (fs->zero_open) {
@@ -612,10 +616,13 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOSYS);
 		return;
 	}
+	/* The handle may hold a snapshot of the listing from now on. */
+	gen = fs_entry_gen(fs);
 	rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &dh);
 	if (rc < 0)
 		return reply_err(req, "opendir", rc);
 	f = sbx_xcalloc(1, sizeof(*f));
+	f->entry_gen = gen;
 	f->fh = dh;
 	f->inode = fs_inode_get(fs, ino);
 	fi->fh = (uintptr_t)f;
@@ -680,6 +687,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 		.req = req, .fs = fs, .dir = ino, .plus = plus, .size = size,
 	};
 	struct sbx_file *dh = pfile_of(fi), *tmp = NULL;
+	struct fs_file *f = file_of(fi);
+	uint64_t gen = f ? f->entry_gen : fs_entry_gen(fs);
 	int rc;
 
 	if (!dh) {
@@ -699,6 +708,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 	else
 		fuse_reply_buf(req, d.buf, d.used);
 	free(d.buf);
+	fs_entry_replay(fs, ino, gen);
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

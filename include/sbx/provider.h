@@ -461,14 +461,17 @@ struct sbx_sandbox_ops {
 		       struct sbx_node **out);
 
 	/*
-	 * Optional: true when `node` no longer names any object in the
-	 * sandbox (its names were all removed), so its inode number may since
-	 * belong to another file.  Path-based providers need it because the
-	 * sandbox reuses inode numbers the daemon still holds; the daemon
-	 * then gives the new file a kernel inode of its own.  Called with the
-	 * daemon's inode-table lock held: must not call back into the daemon.
+	 * Optional: `old` (held by the daemon) and `fresh` (just returned,
+	 * attributes `st`) report the same (st_dev, st_ino).  True when `old`
+	 * no longer names that object -- its names were all removed or now
+	 * name other files -- so the number was reused or moved to `fresh`
+	 * behind our back; the daemon then gives `fresh` a kernel inode of
+	 * its own.  Path-based providers need it: the sandbox reuses inode
+	 * numbers the daemon still holds.  Called with the daemon's
+	 * inode-table lock held: must not call back into the daemon.
 	 */
-	bool (*node_stale)(struct sbx_sandbox *sb, struct sbx_node *node);
+	bool (*node_stale)(struct sbx_sandbox *sb, struct sbx_node *old,
+			   struct sbx_node *fresh, const struct stat *st);
 
 	/*
 	 * Optional: is the change stream delivering right now?  The daemon

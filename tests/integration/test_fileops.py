@@ -200,6 +200,26 @@ def test_unlink(sandbox, plain_dir):
     run_both(sandbox, plain_dir, scen)
 
 
+def test_unlink_open_file_after_child_exec(sandbox, plain_dir):
+    """A child that execs closes its copies of our descriptors (the kernel
+    sends FLUSH for them): our descriptor must still keep the file alive."""
+    def scen(d):
+        f = d / "held"
+        f.write_bytes(b"held open")
+        fd = os.open(f, os.O_RDWR)      # close-on-exec, as Python opens
+        subprocess.run(["true"], check=True)
+        os.unlink(f)
+        obs = [os.pread(fd, 100, 0)]
+        os.pwrite(fd, b"H", 0)
+        obs.append(os.pread(fd, 100, 0))
+        os.close(fd)
+        obs.append(sorted(os.listdir(d)))
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen)
+    assert obs[0] == b"held open"
+
+
 # -- rename -------------------------------------------------------------------
 
 
@@ -1017,6 +1037,49 @@ def test_inode_lifetime_across_forget(sandbox):
     assert set(os.listdir(m)) == want
 
 
+@pytest.mark.slow_remote
+def test_worktree_changes_under_concurrent_listing(sandbox):
+    """Changes made in the worktree while the mount is being listed and
+    looked up all the time: no stale name may outlive the deadline (a reply
+    built before a change and sent after its invalidation would otherwise
+    keep one for the whole cache timeout)."""
+    import threading
+
+    m, w = sandbox.mnt / "busy", sandbox.worktree / "busy"
+    w.mkdir()
+    poll(lambda: m.is_dir(), True)
+    stop = threading.Event()
+    errors = []
+
+    def lister():
+        while not stop.is_set():
+            try:
+                for name in os.listdir(m):
+                    os.path.exists(m / name)
+            except OSError as e:   # a name may vanish between the two calls
+                if e.errno != 2:
+                    errors.append(e)
+
+    threads = [threading.Thread(target=lister) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(25):
+            (w / f"f{i}").write_text(str(i))
+            poll(lambda: (m / f"f{i}").exists(), True)
+            os.rename(w / f"f{i}", w / f"g{i}")
+            poll(lambda: (m / f"f{i}").exists(), False)
+            poll(lambda: read_bytes(m / f"g{i}"), str(i).encode())
+            os.unlink(w / f"g{i}")
+            poll(lambda: (m / f"g{i}").exists(), False)
+            poll(lambda: os.listdir(m), [])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
 def test_rename_directory_with_open_files(sandbox, plain_dir):
     def scen(d):
         (d / "a" / "b").mkdir(parents=True)
@@ -1058,10 +1121,6 @@ for i in range(n):
 """
 
 
-# Remote: a known, intermittent defect (a file read right after it was
-# written and closed gives ENOENT under six parallel churners; see the
-# closing note of issue 4).  Runs on the local provider until fixed.
-@pytest.mark.local_only("remote churn race: known defect, being fixed")
 def test_parallel_churn(sandbox):
     """Several processes creating, renaming, deleting, listing at once."""
     root = sandbox.mnt / "churn"
