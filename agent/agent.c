@@ -15,14 +15,18 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: sbx-agent serve --root DIR --listen HOST:PORT|unix:PATH\n"
-		"                       --token-file FILE [--tls-cert F --tls-key F]\n"
+		"                       --token-file FILE|--token-env NAME\n"
+		"                       [--tls-cert F --tls-key F]\n"
 		"       sbx-agent --version\n"
 		"       sbx-agent help\n"
 		"\n"
 		"Serves DIR and the commands run in it over HTTP (protocol %d,\n"
 		"docs/protocol.md).  Every route but /v1/health needs the header\n"
-		"X-Sbx-Token with the first line of FILE.  --listen 127.0.0.1:0\n"
-		"picks a free port; the address is printed on stdout.\n"
+		"X-Sbx-Token with the first line of FILE, or the value of the\n"
+		"environment variable NAME (which is then removed from the\n"
+		"environment, so commands run by the agent do not see it).\n"
+		"--listen 127.0.0.1:0 picks a free port; the address is printed\n"
+		"on stdout.\n"
 		"SBX_LOG=debug logs every request.\n",
 		SBX_PROTO_VERSION);
 }
@@ -33,6 +37,7 @@ static int serve(int argc, char **argv)
 		{ "root", required_argument, NULL, 'r' },
 		{ "listen", required_argument, NULL, 'l' },
 		{ "token-file", required_argument, NULL, 't' },
+		{ "token-env", required_argument, NULL, 'e' },
 		{ "tls-cert", required_argument, NULL, 'c' },
 		{ "tls-key", required_argument, NULL, 'k' },
 		{ "help", no_argument, NULL, 'h' },
@@ -53,6 +58,9 @@ static int serve(int argc, char **argv)
 		case 't':
 			opt.token_file = optarg;
 			break;
+		case 'e':
+			opt.token_env = optarg;
+			break;
 		case 'c':
 			opt.tls_cert = optarg;
 			break;
@@ -67,10 +75,23 @@ static int serve(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind < argc || !opt.root || !opt.listen || !opt.token_file) {
+	if (optind < argc || !opt.root || !opt.listen ||
+	    (!opt.token_file && !opt.token_env)) {
 		fprintf(stderr, "sbx-agent serve: --root, --listen and "
-				"--token-file are required\n");
+				"--token-file or --token-env are required\n");
 		usage(stderr);
+		return 2;
+	}
+	if (opt.token_file && opt.token_env) {
+		fprintf(stderr, "sbx-agent serve: give either --token-file or "
+				"--token-env, not both\n");
+		usage(stderr);
+		return 2;
+	}
+	if (opt.token_env && (!*opt.token_env || strchr(opt.token_env, '='))) {
+		fprintf(stderr, "sbx-agent serve: --token-env \"%s\": not a "
+				"variable name\n",
+			opt.token_env);
 		return 2;
 	}
 	rc = agent_server_run(&opt);

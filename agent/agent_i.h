@@ -41,7 +41,8 @@ struct agent_execs;
 struct agent_options {
 	const char *root;
 	const char *listen;
-	const char *token_file;
+	const char *token_file; /* exactly one of token_file and token_env */
+	const char *token_env;  /* name of the variable holding the token */
 	const char *tls_cert;
 	const char *tls_key;
 };
@@ -50,7 +51,8 @@ struct agent {
 	char *root_path; /* realpath of --root */
 	int root_fd;     /* O_PATH | O_DIRECTORY */
 	bool use_openat2; /* false: the userspace resolver (confine.c) */
-	char *token;     /* first line of the token file */
+	char *token;     /* first line of the token file, or the variable's
+			  * value without trailing whitespace */
 	size_t token_len;
 	char boot_id[33]; /* 128 random bits, hex */
 	struct MHD_Daemon *mhd;
@@ -83,6 +85,10 @@ struct agent_req {
 	struct sbx_buf body;
 	bool body_too_big;
 	bool answered;      /* a response was queued */
+	/* A streamed body's state (routes with `upload`), released by
+	 * upload_free when the request ends however it ends. */
+	void *upload_state;
+	void (*upload_free)(void *upload_state);
 	unsigned status;    /* for the request log */
 	uint64_t start_ns;
 };
@@ -93,12 +99,26 @@ struct agent_req {
  */
 typedef int (*agent_handler)(struct agent_req *r);
 
+/*
+ * A streamed request body.  Routes with `upload` get the body as it
+ * arrives instead of buffered in r->body (max_body does not apply): the
+ * function is called once with (NULL, 0) when the headers are in -- it may
+ * answer right away (a bad query), the body is then dropped -- and then
+ * with each piece of the body in order, on the connection's thread (it may
+ * block).  It returns 0, or a negative errno to abort the connection (no
+ * answer).  Errors to answer are kept in r->upload_state and answered by
+ * the handler, which runs once the whole body was passed.
+ */
+typedef int (*agent_upload)(struct agent_req *r, const char *data,
+			    size_t len);
+
 struct agent_route {
 	const char *method;
 	const char *pattern; /* "/v1/exec/ * /output" with '*' = one id */
 	agent_handler handler;
 	bool auth;           /* requires X-Sbx-Token */
 	size_t max_body;     /* 0: no body expected */
+	agent_upload upload; /* NULL: the body is buffered in r->body */
 };
 
 /*
@@ -303,6 +323,14 @@ int agent_h_exec_resize(struct agent_req *r);
 int agent_h_exec_signal(struct agent_req *r);
 int agent_h_exec_status(struct agent_req *r);
 int agent_h_exec_delete(struct agent_req *r);
+
+/* ---- archive (handlers_archive.c) --------------------------------------- */
+
+/* GET /v1/archive: the tar stream of a directory. */
+int agent_h_archive_get(struct agent_req *r);
+/* PUT /v1/archive: extract the tar body (agent_archive_upload) and answer. */
+int agent_h_archive_put(struct agent_req *r);
+int agent_archive_upload(struct agent_req *r, const char *data, size_t len);
 
 /* ---- health and info (routes.c) ------------------------------------------ */
 

@@ -32,6 +32,10 @@ static const struct agent_route routes[] = {
 	{ "POST", "/v1/fs/batch", agent_h_batch, true, JSON_BODY },
 	{ "GET", "/v1/fs/bulk", agent_h_bulk, true, 0 },
 	{ "GET", "/v1/watch", agent_h_watch, true, 0 },
+	{ "GET", "/v1/archive", agent_h_archive_get, true, 0 },
+	/* A streamed body of any size (extracted as it arrives). */
+	{ "PUT", "/v1/archive", agent_h_archive_put, true, 0,
+	  agent_archive_upload },
 	{ "POST", "/v1/exec", agent_h_exec_start, true, JSON_BODY },
 	{ "GET", "/v1/exec/*/output", agent_h_exec_output, true, 0 },
 	{ "POST", "/v1/exec/*/stdin", agent_h_exec_stdin, true, DATA_BODY },
@@ -139,8 +143,8 @@ int agent_h_health(struct agent_req *r)
 
 int agent_h_info(struct agent_req *r)
 {
-	static const char *const caps[] = { "fs",   "bulk", "batch", "exec",
-					    "pty",  "xattr" };
+	static const char *const caps[] = { "fs",  "bulk",  "batch",  "exec",
+					    "pty", "xattr", "archive" };
 	cJSON *o = cJSON_CreateObject();
 	cJSON *l = cJSON_CreateObject();
 	cJSON *c;

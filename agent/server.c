@@ -362,6 +362,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			return agent_reply_error(r, MHD_HTTP_UNAUTHORIZED,
 						 -EACCES);
 		}
+		if (r->route->upload) {
+			/* A streamed body: no size limit, no buffer. */
+			rc = r->route->upload(r, NULL, 0);
+			return rc < 0 && !r->answered ? MHD_NO : MHD_YES;
+		}
 		if (content_length(conn, &clen) && clen > r->route->max_body) {
 			/* Answer before reading the body; MHD closes. */
 			sbx_error_set(SBX_ERR_PROTO, -EFBIG,
@@ -378,6 +383,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		/* Answered early (413, 401): drop whatever still comes. */
 		*upload_size = 0;
 		return MHD_YES;
+	}
+	if (*upload_size && r->route->upload) {
+		rc = r->route->upload(r, upload, *upload_size);
+		*upload_size = 0;
+		return rc < 0 ? MHD_NO : MHD_YES;
 	}
 	if (*upload_size) {
 		if (!r->body_too_big &&
@@ -417,6 +427,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
 		  (double)(agent_now_ns() - r->start_ns) / 1e6,
 		  toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? ""
 							     : " (aborted)");
+	if (r->upload_free)
+		r->upload_free(r->upload_state);
 	sbx_buf_fini(&r->body);
 	free(r->url);
 	free(r->id);
@@ -460,6 +472,30 @@ static int read_token(struct agent *a, const char *file)
 	}
 	a->token = text;
 	a->token_len = n;
+	return 0;
+}
+
+/*
+ * --token-env NAME: the variable's value without trailing whitespace.  The
+ * variable is then wiped and removed, so commands started by exec do not
+ * inherit it (and /proc/PID/environ no longer shows it).
+ */
+static int read_token_env(struct agent *a, const char *name)
+{
+	char *v = getenv(name);
+	size_t n = v ? strlen(v) : 0;
+
+	while (n && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\r' ||
+		     v[n - 1] == '\n'))
+		n--;
+	if (n == 0)
+		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
+				     "--token-env %s: the variable is %s", name,
+				     v ? "empty" : "not set");
+	a->token = sbx_xstrndup(v, n);
+	a->token_len = n;
+	explicit_bzero(v, strlen(v));
+	unsetenv(name);
 	return 0;
 }
 
@@ -637,7 +673,10 @@ int agent_server_run(const struct agent_options *opt)
 		goto out;
 	}
 	agent_confine_init(&a);
-	rc = read_token(&a, opt->token_file);
+	if (opt->token_env)
+		rc = read_token_env(&a, opt->token_env);
+	else
+		rc = read_token(&a, opt->token_file);
 	if (rc < 0)
 		goto out;
 	if ((opt->tls_cert != NULL) != (opt->tls_key != NULL)) {

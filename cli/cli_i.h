@@ -191,6 +191,7 @@ int cli_cmd_umount(int argc, char **argv);
 int cli_cmd_snapshot(int argc, char **argv);
 int cli_cmd_snapshots(int argc, char **argv);
 int cli_cmd_restore(int argc, char **argv);
+int cli_cmd_gc(int argc, char **argv);
 int cli_cmd_help(int argc, char **argv);
 int cli_cmd_version(int argc, char **argv);
 /* cmd_exec.c (exec shim issue): `sbx exec`, `sbx shell`. */

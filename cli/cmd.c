@@ -34,6 +34,12 @@ static const struct cli_cmd cmds[] = {
 	 "  --url URL         remote: base URL of a running sbx-agent\n"
 	 "  --token-file FILE remote: file holding the agent's token\n"
 	 "  --timeout SECONDS remote: bound on every request (default 30)\n"
+	 "  --image IMG       kubernetes: the sandbox's image\n"
+	 "  --namespace NS    kubernetes: namespace (default: the context's)\n"
+	 "  --context CTX     kubernetes: kubeconfig context (default: "
+	 "current)\n"
+	 "  --kubeconfig FILE kubernetes: kubeconfig (default: $KUBECONFIG, "
+	 "~/.kube/config)\n"
 	 "  --config FILE     extra configuration file\n"
 	 "  --json            print the status object instead of the "
 	 "mountpoint\n"
@@ -101,6 +107,11 @@ static const struct cli_cmd cmds[] = {
 	 "                    needed for a non-loopback address\n"
 	 "Prints \"listening on ADDR\" on stdout once ready; stops on "
 	 "SIGINT/SIGTERM.\n"},
+	{"gc", cli_cmd_gc, "sbx gc [--provider NAME] [--dry-run]",
+	 "delete sandboxes that no session owns any more",
+	 "  --provider NAME   provider to clean (default from config)\n"
+	 "  -n, --dry-run     only list them (SESSION<TAB>SANDBOX lines)\n"
+	 "Only sandboxes made from this $SBX_HOME are considered.\n"},
 	{"help", cli_cmd_help, "sbx help [COMMAND]", "show help", ""},
 	{"version", cli_cmd_version, "sbx version", "print the version", ""},
 };

@@ -4,10 +4,12 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
 #include "sbx/json.h"
+#include "sbx/provider.h"
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
@@ -75,6 +77,42 @@ int cli_cmd_ls(int argc, char **argv)
 	return CLI_EXIT_OK;
 }
 
+/*
+ * A remote sandbox can die behind our back (a pod deleted or evicted, an
+ * agent gone): ask the provider, and report what it says as the state
+ * and error.  Failing to ask is not an error of `status`.
+ */
+static void ask_provider(const struct sbx_session *s, cJSON *st)
+{
+	struct sbx_provider *p = NULL;
+	struct sbx_sandbox_info info;
+	const char *err;
+
+	memset(&info, 0, sizeof(info));
+	if (cli_session_provider(&p, s) < 0 ||
+	    p->ops->get(p, s->session, &info) < 0) {
+		sbx_error_clear();
+		sbx_provider_free(p);
+		return;
+	}
+	sbx_json_set_str(st, "state", sbx_state_name(info.state));
+	err = sbx_json_str(info.extra, "error");
+	if (info.state == SBX_STATE_ERROR && err &&
+	    !cJSON_GetObjectItem(st, "error")) {
+		cJSON *e = cJSON_CreateObject();
+
+		sbx_json_set_str(e, "type", SBX_STATUS_NOTFOUND_ERROR);
+		sbx_json_set_str(e, "message", err);
+		sbx_json_set_take(st, "error", e);
+	}
+	if (info.extra) {
+		sbx_json_set_take(st, "sandbox", info.extra);
+		info.extra = NULL;
+	}
+	sbx_sandbox_info_fini(&info);
+	sbx_provider_free(p);
+}
+
 int cli_cmd_status(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -104,6 +142,8 @@ int cli_cmd_status(int argc, char **argv)
 	if (sbx_state_load(&s, argv[optind]) < 0)
 		return cli_report(CLI_EXIT_FAIL);
 	st = sbx_status_new(&s);
+	if (s.remote && s.state == SBX_STATE_READY)
+		ask_provider(&s, st);
 	if (json) {
 		cli_print_json(st);
 	} else {

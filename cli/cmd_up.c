@@ -33,6 +33,10 @@ struct up_opts {
 	const char *url;        /* remote: agent base URL */
 	const char *token_file; /* remote: token file */
 	const char *timeout;    /* remote: seconds per request */
+	const char *image;      /* kubernetes: the sandbox image */
+	const char *ns;         /* kubernetes: namespace */
+	const char *context;    /* kubernetes: kubeconfig context */
+	const char *kubeconfig; /* kubernetes: kubeconfig file */
 	bool carry;
 	bool isolate;
 	bool json;
@@ -123,6 +127,47 @@ static int remote_flags(cJSON *flags, const struct up_opts *o)
 			abort();
 	}
 	sbx_json_set_take(flags, "remote", remote);
+	return CLI_EXIT_OK;
+}
+
+/*
+ * --image, --namespace, --context, --kubeconfig: the "kubernetes" section
+ * of the command-line layer (the file made absolute, as --token-file).
+ */
+static int kube_flags(cJSON *flags, const struct up_opts *o)
+{
+	cJSON *k = cJSON_CreateObject();
+	const struct {
+		const char *flag, *key, *value;
+	} v[] = {
+		{"--image", "image", o->image},
+		{"--namespace", "namespace", o->ns},
+		{"--context", "context", o->context},
+	};
+	char *abs = NULL;
+
+	if (!k)
+		abort();
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		if (!v[i].value)
+			continue;
+		if (!*v[i].value) {
+			cJSON_Delete(k);
+			return cli_usage("up", "%s needs a value", v[i].flag);
+		}
+		sbx_json_set_str(k, v[i].key, v[i].value);
+	}
+	if (o->kubeconfig) {
+		if (!*o->kubeconfig ||
+		    sbx_path_expand_user(&abs, o->kubeconfig) < 0) {
+			sbx_error_clear();
+			cJSON_Delete(k);
+			return cli_usage("up", "--kubeconfig needs a file");
+		}
+		sbx_json_set_str(k, "kubeconfig", abs);
+		free(abs);
+	}
+	sbx_json_set_take(flags, "kubernetes", k);
 	return CLI_EXIT_OK;
 }
 
@@ -415,6 +460,10 @@ int cli_cmd_up(int argc, char **argv)
 		{"url", required_argument, NULL, 'U'},
 		{"token-file", required_argument, NULL, 'T'},
 		{"timeout", required_argument, NULL, 'W'},
+		{"image", required_argument, NULL, 'I'},
+		{"namespace", required_argument, NULL, 'N'},
+		{"context", required_argument, NULL, 'X'},
+		{"kubeconfig", required_argument, NULL, 'K'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -438,6 +487,10 @@ int cli_cmd_up(int argc, char **argv)
 		case 'U': o.url = optarg; break;
 		case 'T': o.token_file = optarg; break;
 		case 'W': o.timeout = optarg; break;
+		case 'I': o.image = optarg; break;
+		case 'N': o.ns = optarg; break;
+		case 'X': o.context = optarg; break;
+		case 'K': o.kubeconfig = optarg; break;
 		default: return cli_common_opt("up", opt);
 		}
 	}
@@ -456,6 +509,12 @@ int cli_cmd_up(int argc, char **argv)
 		sbx_json_set_str(flags, "provider", o.provider);
 	if (o.url || o.token_file || o.timeout) {
 		ret = remote_flags(flags, &o);
+		if (ret != CLI_EXIT_OK)
+			goto out;
+		ret = CLI_EXIT_FAIL;
+	}
+	if (o.image || o.ns || o.context || o.kubeconfig) {
+		ret = kube_flags(flags, &o);
 		if (ret != CLI_EXIT_OK)
 			goto out;
 		ret = CLI_EXIT_FAIL;

@@ -10,6 +10,7 @@
 #include "sbx/provider.h"
 #include "local/plocal_i.h"
 #include "remote/premote_i.h"
+#include "kubernetes/pkube.h"
 
 typedef int (*provider_ctor)(struct sbx_provider **out,
 			     const struct cJSON *config);
@@ -20,9 +21,10 @@ static const struct {
 } registry[] = {
 	{"local", plocal_provider_new},
 	{"remote", premote_provider_new},
+	{"kubernetes", pkube_provider_new},
 };
 
-static const char *const names[] = {"local", "remote", NULL};
+static const char *const names[] = {"local", "remote", "kubernetes", NULL};
 
 const char *const *sbx_provider_names(void)
 {
@@ -55,7 +57,7 @@ int sbx_provider_new(struct sbx_provider **out, const char *name,
 	}
 	return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
 			     "unknown provider '%s' (this build has: local, "
-			     "remote); set \"provider\" in the configuration or pass "
+			     "remote, kubernetes); set \"provider\" in the configuration or pass "
 			     "--provider local", name);
 }
 

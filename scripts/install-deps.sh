@@ -7,11 +7,11 @@ PACKAGES=(
 	# build
 	meson ninja-build pkg-config gcc clang libclang-rt-14-dev
 	libfuse3-dev libgit2-dev libcurl4-openssl-dev libcjson-dev
-	libmicrohttpd-dev libcmocka-dev
+	libmicrohttpd-dev libcmocka-dev libyaml-dev
 	# run
 	fuse3 bubblewrap git
 	# tests
-	python3 python3-pytest python3-pytest-timeout vim tmux attr
+	python3 python3-pytest python3-pytest-timeout python3-yaml openssl vim tmux attr
 	# benchmarks
 	bindfs sshfs hyperfine
 )

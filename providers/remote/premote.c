@@ -42,6 +42,13 @@ void premote_config_fini(struct premote_config *c)
 	free(c->url);
 	free(c->token_file);
 	free(c->ca_file);
+	if (c->token) {
+		memset(c->token, 0, strlen(c->token));
+		free(c->token);
+	}
+	if (c->auth && c->auth->release)
+		c->auth->release(c->auth->ctx);
+	free(c->auth);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -236,8 +243,8 @@ int premote_info_parse(struct premote_info *out, const cJSON *j)
  * Reach the agent: token, health, info.  On success *http_out and *info
  * belong to the caller.  Every failure says what to do.
  */
-static int probe(const struct premote_config *cfg,
-		 struct premote_http **http_out, struct premote_info *info)
+int premote_probe(const struct premote_config *cfg,
+		  struct premote_http **http_out, struct premote_info *info)
 {
 	struct premote_http *h = NULL;
 	struct premote_req req = {
@@ -248,12 +255,15 @@ static int probe(const struct premote_config *cfg,
 	char *token = NULL;
 	cJSON *j = NULL;
 	const cJSON *p;
-	int rc;
+	int rc = 0;
 
 	*http_out = NULL;
 	memset(info, 0, sizeof(*info));
 	premote_resp_init(&resp);
-	rc = premote_token_read(&token, cfg->token_file);
+	if (cfg->token)
+		token = sbx_xstrdup(cfg->token);
+	else
+		rc = premote_token_read(&token, cfg->token_file);
 	if (rc < 0)
 		goto out;
 	rc = premote_http_new(&h, cfg, token);
@@ -302,9 +312,13 @@ static int probe(const struct premote_config *cfg,
 		if (sbx_error_last()->klass == SBX_ERR_REMOTE && rc == -EACCES)
 			rc = sbx_error_set(SBX_ERR_CONFIG, -EACCES,
 					   "the agent at %s refused the token "
-					   "from %s; use the file given to "
-					   "sbx-agent --token-file", cfg->url,
-					   cfg->token_file);
+					   "%s%s", cfg->url,
+					   cfg->token_file ? "from " : "",
+					   cfg->token_file
+						   ? cfg->token_file
+						   : "sbx gave it when it was "
+						     "started (was the sandbox "
+						     "replaced?)");
 		else
 			rc = sbx_error_prefix(rc, "sbx-agent at %s", cfg->url);
 		goto out;
@@ -361,7 +375,7 @@ static int premote_create(struct sbx_provider *p,
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	rc = probe(&RP(p)->cfg, &h, &info);
+	rc = premote_probe(&RP(p)->cfg, &h, &info);
 	if (rc < 0)
 		return rc;
 	fill_info(out, o->session, &RP(p)->cfg, &info);
@@ -379,7 +393,7 @@ static int premote_get(struct sbx_provider *p, const char *session,
 	struct premote_info info;
 	int rc;
 
-	rc = probe(&RP(p)->cfg, &h, &info);
+	rc = premote_probe(&RP(p)->cfg, &h, &info);
 	if (rc < 0) {
 		char msg[sizeof(sbx_error_last()->msg)];
 
@@ -446,7 +460,7 @@ static int premote_open(struct sbx_provider *p, const char *session,
 	int rc;
 
 	*out = NULL;
-	rc = probe(&RP(p)->cfg, &h, &info);
+	rc = premote_probe(&RP(p)->cfg, &h, &info);
 	if (rc < 0)
 		return rc;
 	/* The sandbox gets its own copy of the configuration. */

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -48,6 +49,7 @@ struct premote_http {
 	long connect_timeout_ms;
 	char *ca_file;
 	bool insecure;
+	const struct premote_auth *auth; /* borrowed; NULL: none */
 
 	CURLSH *share;
 	pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
@@ -165,6 +167,7 @@ int premote_http_new(struct premote_http **out,
 		h->connect_timeout_ms = h->timeout_ms;
 	h->ca_file = cfg->ca_file ? sbx_xstrdup(cfg->ca_file) : NULL;
 	h->insecure = cfg->insecure;
+	h->auth = cfg->auth;
 	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
 		pthread_mutex_init(&h->share_locks[i], NULL);
 	pthread_mutex_init(&h->pool_lock, NULL);
@@ -338,6 +341,25 @@ void premote_q_u64(struct sbx_buf *q, const char *key, uint64_t value)
 		abort();
 }
 
+void premote_creds_fini(struct premote_creds *c)
+{
+	if (!c)
+		return;
+	free(c->ca_pem);
+	free(c->tls_server_name);
+	if (c->bearer) {
+		memset(c->bearer, 0, strlen(c->bearer));
+		free(c->bearer);
+	}
+	free(c->cert_pem);
+	free(c->connect_to);
+	if (c->key_pem) {
+		memset(c->key_pem, 0, c->key_pem_len);
+		free(c->key_pem);
+	}
+	memset(c, 0, sizeof(*c));
+}
+
 /* ---- one transfer --------------------------------------------------------- */
 
 struct xfer {
@@ -348,7 +370,9 @@ struct xfer {
 	bool checked;            /* status looked at by the body callback */
 	bool ok2xx;              /* the body is the caller's (2xx, agent) */
 	struct sbx_frame_parser parser;
+	struct premote_creds creds; /* from h->auth, for this attempt */
 	int cb_rc;               /* why the body callback stopped us */
+	int read_errno;          /* body_fd read failure */
 };
 
 static void resp_reset(struct premote_resp *r)
@@ -363,6 +387,7 @@ static void resp_reset(struct premote_resp *r)
 	r->ended = false;
 	r->delivered = false;
 	r->hdr_size = -1;
+	r->retry_after_s = -1;
 }
 
 void premote_resp_init(struct premote_resp *r)
@@ -370,6 +395,7 @@ void premote_resp_init(struct premote_resp *r)
 	memset(r, 0, sizeof(*r));
 	sbx_buf_init(&r->body, PREMOTE_MAX_JSON_ANSWER);
 	r->hdr_size = -1;
+	r->retry_after_s = -1;
 }
 
 void premote_resp_fini(struct premote_resp *r)
@@ -416,6 +442,13 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 		memcpy(tmp, v, vl);
 		tmp[vl] = '\0';
 		x->resp->hdr_size = strtoll(tmp, NULL, 10);
+	} else if ((v = header_value(buf, n, "Retry-After", &vl)) && vl < 12 &&
+		   isdigit((unsigned char)*v)) {
+		char tmp[16];
+
+		memcpy(tmp, v, vl);
+		tmp[vl] = '\0';
+		x->resp->retry_after_s = strtol(tmp, NULL, 10);
 	}
 	return n;
 }
@@ -442,7 +475,8 @@ static size_t on_body(char *buf, size_t size, size_t nmemb, void *userp)
 
 		curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &status);
 		x->resp->status = status;
-		x->ok2xx = status >= 200 && status < 300 && x->resp->agent;
+		x->ok2xx = status >= 200 && status < 300 &&
+			   (x->resp->agent || x->req->any_status);
 		x->checked = true;
 		if (x->resp->agent)
 			mark_up(x->h);
@@ -453,12 +487,36 @@ static size_t on_body(char *buf, size_t size, size_t nmemb, void *userp)
 			sbx_error_clear();
 		return n;
 	}
+	if (x->req->on_data) {
+		rc = x->req->on_data(buf, n, x->req->payload);
+		if (rc) {
+			x->cb_rc = rc;
+			return 0;
+		}
+		return n;
+	}
 	if (x->req->frames) {
 		rc = sbx_frame_parser_feed(&x->parser, buf, n);
 		if (rc) {
 			x->cb_rc = rc;
 			return 0; /* CURLE_WRITE_ERROR */
 		}
+		return n;
+	}
+	if (x->req->out_to_fd) {
+		for (size_t done = 0; done < n;) {
+			ssize_t w = write(x->req->out_fd, buf + done, n - done);
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0) {
+				x->cb_rc = sbx_error_os("writing the answer of "
+							"%s", x->req->route);
+				return 0;
+			}
+			done += (size_t)w;
+		}
+		x->resp->out_len += n;
 		return n;
 	}
 	if (x->req->out) {
@@ -479,6 +537,22 @@ static size_t on_body(char *buf, size_t size, size_t nmemb, void *userp)
 		return 0;
 	}
 	return n;
+}
+
+/* Request bodies streamed from req->body_fd. */
+static size_t on_read(char *buf, size_t size, size_t nitems, void *userp)
+{
+	struct xfer *x = userp;
+	ssize_t r;
+
+	do
+		r = read(x->req->body_fd, buf, size * nitems);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		x->read_errno = errno;
+		return CURL_READFUNC_ABORT;
+	}
+	return (size_t)r;
 }
 
 /* Run the easy handle, interruptible through req->cancel_fd. */
@@ -570,7 +644,39 @@ static void setup(struct xfer *x, const char *url, struct curl_slist *hdrs,
 		curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
 		curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
 	}
-	if (!strcmp(r->method, "GET")) {
+	if (x->creds.ca_pem) {
+		struct curl_blob b = {x->creds.ca_pem, x->creds.ca_pem_len,
+				      CURL_BLOB_COPY};
+
+		curl_easy_setopt(e, CURLOPT_CAINFO_BLOB, &b);
+	}
+	if (x->creds.cert_pem && x->creds.key_pem) {
+		struct curl_blob c = {x->creds.cert_pem, x->creds.cert_pem_len,
+				      CURL_BLOB_COPY};
+		struct curl_blob k = {x->creds.key_pem, x->creds.key_pem_len,
+				      CURL_BLOB_COPY};
+
+		curl_easy_setopt(e, CURLOPT_SSLCERT_BLOB, &c);
+		curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+		curl_easy_setopt(e, CURLOPT_SSLKEY_BLOB, &k);
+		curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+	}
+	if (x->creds.insecure) {
+		curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
+		curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
+	}
+	if (r->body_from_fd) {
+		curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+		curl_easy_setopt(e, CURLOPT_READDATA, x);
+		if (!strcmp(r->method, "PUT")) {
+			curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+		} else {
+			curl_easy_setopt(e, CURLOPT_POST, 1L);
+			if (strcmp(r->method, "POST"))
+				curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST,
+						 r->method);
+		}
+	} else if (!strcmp(r->method, "GET")) {
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
 	} else if (!strcmp(r->method, "POST") || !strcmp(r->method, "PUT")) {
 		curl_easy_setopt(e, CURLOPT_POST, 1L);
@@ -648,11 +754,12 @@ int premote_http_do(struct premote_http *h, const struct premote_req *req,
 {
 	char errbuf[CURL_ERROR_SIZE];
 	struct curl_slist *hdrs = NULL;
-	char *url, *ct = NULL;
+	struct curl_slist *conn_to = NULL;
+	char *url, *ct = NULL, *bearer = NULL;
 	struct xfer x;
 	CURLcode c;
-	bool canceled;
-	int rc = 0, attempt = 0;
+	bool canceled, refreshed = false, want_refresh = false;
+	int rc = 0, attempt = 0, throttled = 0;
 
 	if (req->timeout_ms >= 0 && (rc = check_down(h, req)) < 0)
 		return rc;
@@ -663,6 +770,8 @@ int premote_http_do(struct premote_http *h, const struct premote_req *req,
 		hdrs = curl_slist_append(hdrs, h->token_hdr);
 	hdrs = curl_slist_append(hdrs, "Expect:");
 	hdrs = curl_slist_append(hdrs, "Accept: " SBX_CT_JSON ", " SBX_CT_OCTET);
+	if (req->body_from_fd)
+		hdrs = curl_slist_append(hdrs, "Transfer-Encoding: chunked");
 	if (req->body || strcmp(req->method, "GET")) {
 		ct = sbx_xasprintf("Content-Type: %s",
 				   req->content_type ? req->content_type
@@ -677,20 +786,80 @@ again:
 	x.h = h;
 	x.req = req;
 	x.resp = resp;
-	x.e = pool_get(h);
-	resp_reset(resp);
-	if (req->frames)
-		sbx_frame_parser_init(&x.parser, frame_trampoline, &x);
-	errbuf[0] = '\0';
-	setup(&x, url, hdrs, errbuf);
-	c = perform(x.e, req->cancel_fd, &canceled);
-	curl_easy_getinfo(x.e, CURLINFO_RESPONSE_CODE, &resp->status);
-	if (!x.checked)
-		x.ok2xx = resp->status >= 200 && resp->status < 300 &&
-			  resp->agent;
-	pool_put(h, x.e);
+	if (h->auth) {
+		rc = h->auth->get(h->auth->ctx, want_refresh, &x.creds);
+		want_refresh = false;
+		if (rc < 0)
+			goto out;
+	}
+	/* Per attempt: the credentials may have been refreshed. */
+	{
+		struct curl_slist *hd = hdrs;
+
+		if (x.creds.bearer) {
+			free(bearer);
+			bearer = sbx_xasprintf("Authorization: Bearer %s",
+					       x.creds.bearer);
+			/* A private copy of the list with the header. */
+			hd = NULL;
+			for (struct curl_slist *l = hdrs; l; l = l->next)
+				hd = curl_slist_append(hd, l->data);
+			hd = curl_slist_append(hd, bearer);
+			if (!hd)
+				abort();
+		}
+		curl_slist_free_all(conn_to);
+		conn_to = x.creds.connect_to
+				  ? curl_slist_append(NULL, x.creds.connect_to)
+				  : NULL;
+		x.e = pool_get(h);
+		resp_reset(resp);
+		if (req->frames)
+			sbx_frame_parser_init(&x.parser, frame_trampoline, &x);
+		errbuf[0] = '\0';
+		setup(&x, url, hd, errbuf);
+		if (conn_to)
+			curl_easy_setopt(x.e, CURLOPT_CONNECT_TO, conn_to);
+		c = perform(x.e, req->cancel_fd, &canceled);
+		curl_easy_getinfo(x.e, CURLINFO_RESPONSE_CODE, &resp->status);
+		if (!x.checked)
+			x.ok2xx = resp->status >= 200 && resp->status < 300 &&
+				  (resp->agent || req->any_status);
+		pool_put(h, x.e);
+		if (hd != hdrs)
+			curl_slist_free_all(hd);
+	}
+	premote_creds_fini(&x.creds);
 	if (req->frames)
 		sbx_frame_parser_fini(&x.parser);
+	if (bearer) {
+		memset(bearer, 0, strlen(bearer));
+		free(bearer);
+		bearer = NULL;
+	}
+
+	if (c == CURLE_ABORTED_BY_CALLBACK && x.read_errno) {
+		rc = sbx_error_setd(SBX_ERR_OS, -x.read_errno, x.read_errno,
+				    "%s %s: reading the request body: %s",
+				    req->method, url, strerror(x.read_errno));
+		goto out;
+	}
+	/* The server in front of the agent: expired credentials... */
+	if (c == CURLE_OK && !resp->agent && resp->status == 401 &&
+	    h->auth && !refreshed && !req->body_from_fd) {
+		refreshed = want_refresh = true;
+		goto again;
+	}
+	/* ...or "too many requests" (API priority and fairness). */
+	if (c == CURLE_OK && !resp->agent && resp->status == 429 &&
+	    throttled < 3 && !req->body_from_fd && !resp->delivered &&
+	    !resp->out_len) {
+		long wait = resp->retry_after_s > 0 ? resp->retry_after_s : 1;
+
+		throttled++;
+		sleep((unsigned)(wait > 10 ? 10 : wait));
+		goto again;
+	}
 
 	if (c == CURLE_WRITE_ERROR && x.cb_rc) {
 		rc = x.cb_rc; /* the callback's own error, already recorded */
@@ -734,6 +903,8 @@ again:
 	}
 	if (resp->agent)
 		mark_up(h);
+	if (req->any_status)
+		goto out;
 	if (!x.ok2xx) {
 		rc = answer_error(h, req, resp, url);
 		goto out;
@@ -744,6 +915,7 @@ again:
 				    req->method, url);
 out:
 	curl_slist_free_all(hdrs);
+	curl_slist_free_all(conn_to);
 	free(ct);
 	free(url);
 	return rc;

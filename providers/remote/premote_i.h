@@ -68,6 +68,43 @@ struct premote_config {
 	long connect_timeout_ms;
 	char *ca_file;    /* NULL: system CAs */
 	bool insecure;
+	/*
+	 * Not from the section: set by providers that start the agent
+	 * themselves (kubernetes, modal).  `token` replaces token_file;
+	 * `auth` (owned: released with the configuration) authenticates to
+	 * the server in front of the agent (the Kubernetes API server's pod
+	 * proxy).
+	 */
+	char *token;
+	struct premote_auth *auth;
+};
+
+/*
+ * TLS and authentication material of the server in front of the agent,
+ * for one request.  Blobs are PEM text.  Every member is malloc'd by the
+ * auth provider's get() and owned by the caller (premote_creds_fini()).
+ */
+struct premote_creds {
+	char *ca_pem;            /* trust only this CA bundle; NULL: ca_file
+				  * or the system CAs */
+	size_t ca_pem_len;
+	bool insecure;           /* skip TLS verification */
+	char *tls_server_name;   /* verify this name instead of the URL's
+				  * host; NULL: the host */
+	char *bearer;            /* "Authorization: Bearer ..."; NULL: none */
+	char *cert_pem, *key_pem; /* client certificate; NULL: none */
+	size_t cert_pem_len, key_pem_len;
+	char *connect_to;        /* CURLOPT_CONNECT_TO "host:port:h2:p2"
+				  * (tls-server-name: the URL carries the
+				  * name to verify, this the real address) */
+};
+
+void premote_creds_fini(struct premote_creds *c);
+
+struct premote_auth {
+	int (*get)(void *ctx, bool refresh, struct premote_creds *out);
+	void (*release)(void *ctx); /* may be NULL */
+	void *ctx;
 };
 
 /*
@@ -78,6 +115,18 @@ struct premote_config {
 SBX_WUR int premote_config_parse(struct premote_config *out,
 				 const struct cJSON *section);
 void premote_config_fini(struct premote_config *c);
+
+/*
+ * Check that an agent answers at cfg->url with our protocol version and
+ * accepts the token (GET /v1/health, then /v1/info).  On success *http_out
+ * is a client for it (caller frees) and *info what it said (caller
+ * premote_info_fini()s).  Errors say what to check.
+ */
+struct premote_http;
+struct premote_info;
+SBX_WUR int premote_probe(const struct premote_config *cfg,
+			  struct premote_http **http_out,
+			  struct premote_info *info);
 
 /*
  * Read the token: the first line of `path`, without trailing whitespace.
@@ -135,6 +184,27 @@ struct premote_req {
 	 * (-ECANCELED).  The request then runs on a private multi handle.
 	 */
 	int cancel_fd;
+	/*
+	 * Request body streamed from a descriptor (read to EOF, sent
+	 * chunked) instead of `body`: set body_from_fd and body_fd.
+	 */
+	bool body_from_fd;
+	int body_fd;
+	/* A 2xx body written to a descriptor: set out_to_fd and out_fd. */
+	bool out_to_fd;
+	int out_fd;
+	/*
+	 * The answer comes from a server, not the agent (the Kubernetes API):
+	 * any HTTP answer returns 0, X-Sbx-Agent is not required, and the
+	 * caller reads resp->status and resp->body (capped at max_body).
+	 */
+	bool any_status;
+	/*
+	 * A 2xx body handed over as it arrives (the Kubernetes watch API's
+	 * JSON lines).  Non-zero from the callback stops the request and is
+	 * returned.
+	 */
+	int (*on_data)(const char *buf, size_t len, void *payload);
 	/* Where a 2xx body goes (default: resp->body, capped at max_body). */
 	size_t max_body;          /* 0: PREMOTE_MAX_JSON_ANSWER */
 	void *out;                /* octet bodies: straight into out[out_cap] */
@@ -151,6 +221,7 @@ struct premote_resp {
 	bool ended;             /* frame stream ended with {"end":true} */
 	bool delivered;         /* at least one frame reached the callback */
 	long long hdr_size;     /* X-Sbx-Size, -1 when absent */
+	long retry_after_s;     /* Retry-After in seconds, -1 when absent */
 };
 
 void premote_resp_init(struct premote_resp *r);
@@ -336,5 +407,22 @@ SBX_WUR int premote_exit_status(const struct cJSON *exit_obj, int *status);
 
 SBX_WUR int premote_provider_new(struct sbx_provider **out,
 				 const struct cJSON *config);
+
+/* ---- archive (premote_archive.c) ---------------------------------------- */
+
+/*
+ * Snapshot and restore of a directory as a tar stream (GET/PUT
+ * /v1/archive).  Neither has a total time bound: a transfer only fails
+ * when nothing moves for the configured timeout.  Errors as
+ * premote_http_do(): an agent error (-ENOENT, -EINVAL for a bad or
+ * refused archive, ...) with SBX_ERR_REMOTE, or a transport error
+ * (a stream cut mid-way is -ECONNRESET/-EIO: what reached out_fd is then
+ * an incomplete archive and must be discarded).
+ */
+
+/* Stream the tar of `path` (relative to the agent root, "" = all) into out_fd. */
+SBX_WUR int premote_archive_get(struct premote_http *h, const char *path, int out_fd);
+/* Send the tar read from in_fd (to EOF) to be extracted at `path`; `replace` removes what the archive does not have. */
+SBX_WUR int premote_archive_put(struct premote_http *h, const char *path, int in_fd, bool replace, uint64_t *entries);
 
 #endif

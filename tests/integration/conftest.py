@@ -52,7 +52,7 @@ from testenv import mounts  # noqa: E402
 # a test supports, see pytest_generate_tests).
 PROVIDERS = [p for p in os.environ.get("SBX_TEST_PROVIDERS", "").split(",")
              if p] or None
-KNOWN_PROVIDERS = ("local", "remote", "slow_remote")
+KNOWN_PROVIDERS = ("local", "remote", "slow_remote", "kubernetes")
 SLOW_REMOTE_DELAY_MS = float(os.environ.get("SBX_TEST_SLOW_DELAY_MS", "10"))
 DEFAULT_TIMEOUT = int(os.environ.get("SBX_TEST_TIMEOUT", "180"))
 COUNTS = {"passed": 0, "failed": 0, "skipped": 0}
@@ -76,6 +76,9 @@ def pytest_configure(config):
         "markers", "slow_remote: also run through the latency proxy "
                    "(provider slow_remote) when remote is among providers")
     config.addinivalue_line(
+        "markers", "remote_only(reason): not run on the kubernetes provider "
+                   "(needs the agent process itself)")
+    config.addinivalue_line(
         "markers", "local_only(reason): the test checks something only a "
                    "local sandbox has; it is not run for remote providers")
 
@@ -90,6 +93,11 @@ def pytest_generate_tests(metafunc):
     if "remote" in wanted and \
             metafunc.definition.get_closest_marker("slow_remote"):
         wanted.append("slow_remote")
+    # Every test of the remote data plane also runs on a kubernetes
+    # sandbox (the fake API server, the pod proxy, a real agent).
+    if "remote" in wanted and "kubernetes" not in wanted and \
+            not metafunc.definition.get_closest_marker("remote_only"):
+        wanted.append("kubernetes")
     if PROVIDERS is not None:
         wanted = [p for p in wanted if p in PROVIDERS]
     metafunc.parametrize("provider", wanted, indirect=True)
@@ -192,12 +200,40 @@ def agent(sbx_env, repo):
     a.stop()
 
 
+@pytest.fixture(scope="session")
+def kube_fake_server(build_dir, tmp_path_factory):
+    """One fake Kubernetes API server for the whole run."""
+    from testenv.kube import KubeFakeServer
+    fake = KubeFakeServer(tmp_path_factory.mktemp("kube") / "fake",
+                          build_dir / "agent" / "sbx-agent")
+    try:
+        fake.start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    yield fake
+    fake.stop()
+
+
 @pytest.fixture
 def sandbox(request, sbx_env, repo, provider):
     if provider == "local":
         sb = sbx_env.up("t1", repo, "--provider", provider)
         sb.provider = provider
         yield sb
+        return
+    if provider == "kubernetes":
+        from testenv.kube import KubeSandbox
+        fake = request.getfixturevalue("kube_fake_server")
+        sb = KubeSandbox.up(sbx_env, "t1", fake, repo)
+        try:
+            yield sb
+            call = getattr(request.node, "rep_call", None)
+            if call is not None and call.failed:
+                sys.stderr.write(f"[kubernetes sandbox] "
+                                 f"{sbx_env.log_tail('t1')}\n--- fake ---\n"
+                                 f"{fake.log_tail()}\n")
+        finally:
+            sb.down()
         return
     from testenv.agent import up_remote
     from testenv.latency_proxy import ProxyProcess

@@ -1049,3 +1049,402 @@ def test_tls(agent_bin, tmp_path):
                         "--token-file", str(tok), "--tls-cert", str(cert)],
                        capture_output=True, text=True, timeout=10)
     assert r.returncode == 1 and "together" in r.stderr
+
+
+# -- archive (GET/PUT /v1/archive) -----------------------------------------------
+
+import io  # noqa: E402
+import shutil  # noqa: E402
+import tarfile  # noqa: E402
+
+LONG_DIR = "/".join(["d%03d-" % i + "x" * 40 for i in range(4)])  # > 100
+LONG_FILE = "f" * 200  # one component of 200 bytes (> 100, pax path)
+
+
+def make_tree(top):
+    """Files, directories, symlinks, hard links, a 20 MB file, long names,
+    odd modes and sub-second mtimes."""
+    top.mkdir(parents=True, exist_ok=True)
+    (top / "dir" / "sub").mkdir(parents=True)
+    (top / "dir" / "a.txt").write_bytes(b"alpha\n")
+    (top / "dir" / "sub" / "b.bin").write_bytes(bytes(range(256)) * 3)
+    (top / "empty").write_bytes(b"")
+    (top / "exec.sh").write_bytes(b"#!/bin/sh\necho hi\n")
+    os.chmod(top / "exec.sh", 0o750)
+    os.chmod(top / "dir" / "a.txt", 0o604)
+    os.chmod(top / "dir" / "sub", 0o705)
+    os.symlink("a.txt", top / "dir" / "rel-link")
+    os.symlink("/etc/hostname", top / "abs-link")
+    os.symlink("dir/sub", top / "dir-link")
+    os.link(top / "dir" / "a.txt", top / "hard1")
+    os.link(top / "dir" / "a.txt", top / "dir" / "sub" / "hard2")
+    with open(top / "big", "wb") as f:
+        block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB
+        for _ in range(320):  # 20 MiB
+            f.write(block)
+    (top / LONG_DIR).mkdir(parents=True)
+    (top / LONG_DIR / LONG_FILE).write_bytes(b"deep and long\n")
+    os.symlink(LONG_DIR + "/" + LONG_FILE, top / "long-link")
+    # deterministic sub-second mtimes, deepest first (dirs last)
+    t = 1_600_000_000_123_456_789
+    for dirpath, dirnames, filenames in sorted(os.walk(top), reverse=True):
+        for n in filenames + dirnames:
+            p = os.path.join(dirpath, n)
+            t += 1_000_000_007
+            os.utime(p, ns=(t, t), follow_symlinks=False)
+
+
+def tree(top):
+    """{relpath: attributes} of everything under `top` (not following)."""
+    out = {}
+    inodes = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            rel = os.path.relpath(p, top)
+            st = os.lstat(p)
+            rec = {"fmt": stat.S_IFMT(st.st_mode)}
+            if stat.S_ISLNK(st.st_mode):
+                rec["target"] = os.readlink(p)
+            else:
+                rec["mode"] = stat.S_IMODE(st.st_mode)
+                rec["mtime"] = st.st_mtime_ns
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    rec["sha"] = hashlib.sha256(f.read()).hexdigest()
+                rec["nlink"] = st.st_nlink
+                inodes.setdefault(st.st_ino, []).append(rel)
+            out[rel] = rec
+    groups = sorted(sorted(v) for v in inodes.values() if len(v) > 1)
+    return out, groups
+
+
+def get_archive(cl, path, dest):
+    c = cl.conn(timeout=60)
+    try:
+        c.request("GET", f"/v1/archive?path={q(path)}",
+                  headers={"X-Sbx-Token": cl.token})
+        r = c.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        assert r.getheader("Content-Type") == "application/octet-stream"
+        assert r.getheader("X-Sbx-Agent", "").startswith(AGENT_ID_PREFIX)
+        with open(dest, "wb") as f:
+            shutil.copyfileobj(r, f)
+    finally:
+        c.close()
+
+
+def gnu_tar(*args, cwd=None):
+    r = subprocess.run(["tar", *map(str, args)], capture_output=True,
+                       cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_archive_get_reproduces_tree(cl, agent, tmp_path):
+    root = Path(agent.root)
+    make_tree(root / "t")
+    (root / "outside-t").write_text("not in the archive")
+    ar = tmp_path / "get.tar"
+    get_archive(cl, "t", ar)
+    assert ar.stat().st_size % 512 == 0
+    listing = gnu_tar("-tf", ar).decode().splitlines()
+    assert "hard1" in listing and "outside-t" not in listing
+    # hard links: the second and later names are link entries
+    verbose = gnu_tar("-tvf", ar).decode()
+    assert "hard1 link to dir/a.txt" in verbose
+    assert "dir/sub/hard2 link to dir/a.txt" in verbose
+    assert "abs-link -> /etc/hostname" in verbose
+    out = tmp_path / "x"
+    out.mkdir()
+    gnu_tar("-xpf", ar, "-C", out)
+    want, want_groups = tree(root / "t")
+    got, got_groups = tree(out)
+    assert got == want
+    assert got_groups == want_groups
+    # depth-first in sorted order, directories before their contents
+    names = [n.rstrip("/") for n in listing]
+    assert names.index("dir") < names.index("dir/a.txt") < \
+        names.index("dir/sub") < names.index("dir/sub/b.bin") < \
+        names.index("empty")
+    # the whole root by default
+    get_archive(cl, "", tmp_path / "all.tar")
+    assert "outside-t" in gnu_tar("-tf", tmp_path / "all.tar").decode()
+
+
+def test_archive_get_errors(cl, agent):
+    root = Path(agent.root)
+    (root / "file").write_text("x")
+    os.symlink("/etc", root / "abs")
+    cl.error("GET", "/v1/archive?path=missing", expect=404)
+    st, err = cl.error("GET", "/v1/archive?path=abs")
+    assert err["errno"] == "EXDEV"
+    st, err = cl.error("GET", "/v1/archive?path=..")
+    assert err["errno"] == "EXDEV"
+    st, err = cl.error("GET", "/v1/archive?path=file")
+    assert err["errno"] == "ENOTDIR"
+    cl.error("GET", "/v1/archive", token=False, expect=401)
+    cl.error("PUT", "/v1/archive?path=d", body=b"\0" * 1024, token=False,
+             expect=401)
+    assert not (root / "d").exists()
+
+
+def test_archive_put_gnu_tar(cl, agent, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src)
+    want, want_groups = tree(src)
+    for fmt in ("pax", "gnu"):
+        data = gnu_tar(f"--format={fmt}", "-C", src, "-cf", "-", ".")
+        doc = cl.json("PUT", f"/v1/archive?path={q('restored/' + fmt)}",
+                      body=data)
+        assert doc["entries"] == len(want) + 1  # and "./"
+        assert doc["bytes"] == sum(
+            os.lstat(src / n).st_size for n, r in want.items()
+            if r["fmt"] == stat.S_IFREG and r["nlink"] == 1) + \
+            len(b"alpha\n")
+        got, got_groups = tree(Path(agent.root) / "restored" / fmt)
+        if fmt == "gnu":  # GNU format has whole-second times
+            for r in list(want.values()) + list(got.values()):
+                r.pop("mtime", None)
+        assert got == want
+        assert got_groups == want_groups
+    # our own archive round-trips through PUT too
+    get_archive(cl, "restored/pax", tmp_path / "again.tar")
+    cl.json("PUT", "/v1/archive?path=again",
+            body=(tmp_path / "again.tar").read_bytes())
+    got, _ = tree(Path(agent.root) / "again")
+    want2, _ = tree(src)
+    assert got == want2
+
+
+def test_archive_put_streams_in_pieces(c1, one_agent, tmp_path):
+    """A chunked upload in small pieces, as a pipe would send it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(os.urandom(300_000))
+    data = gnu_tar("--format=pax", "-C", src, "-cf", "-", ".")
+    c = c1.conn()
+    try:
+        c.putrequest("PUT", "/v1/archive?path=p")
+        c.putheader("X-Sbx-Token", c1.token)
+        c.putheader("Transfer-Encoding", "chunked")
+        c.endheaders()
+        for i in range(0, len(data), 1000):
+            piece = data[i:i + 1000]
+            c.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+        c.send(b"0\r\n\r\n")
+        r = c.getresponse()
+        assert r.status == 200, r.read()
+        assert json.loads(r.read())["entries"] == 2
+    finally:
+        c.close()
+    assert (Path(one_agent.root) / "p" / "f").read_bytes() == \
+        (src / "f").read_bytes()
+
+
+def test_archive_put_replace(cl, agent, tmp_path):
+    root = Path(agent.root)
+    src = tmp_path / "src"
+    (src / "keep" / "deep").mkdir(parents=True)
+    (src / "keep" / "deep" / "f").write_text("new")
+    (src / "top").write_text("top")
+    data = gnu_tar("-C", src, "-cf", "-", "keep", "top")
+    dst = root / "w"
+    (dst / "keep" / "deep").mkdir(parents=True)
+    (dst / "keep" / "deep" / "f").write_text("old")
+    (dst / "keep" / "extra").write_text("extra")
+    (dst / "gone" / "sub").mkdir(parents=True)
+    (dst / "gone" / "sub" / "x").write_text("x")
+    os.symlink("/etc", dst / "extra-link")
+    (root / "sibling").write_text("outside REL")
+    # without replace the extras stay
+    cl.json("PUT", "/v1/archive?path=w", body=data)
+    assert (dst / "keep" / "extra").exists() and (dst / "gone").exists()
+    assert (dst / "keep" / "deep" / "f").read_text() == "new"
+    # with replace they go, and nothing outside REL is touched
+    doc = cl.json("PUT", "/v1/archive?path=w&replace=1", body=data)
+    assert doc["entries"] == 4
+    assert sorted(tree(dst)[0]) == ["keep", "keep/deep", "keep/deep/f",
+                                    "top"]
+    assert (root / "sibling").read_text() == "outside REL"
+    # a bad archive with replace=1 removes nothing
+    (dst / "later").write_text("later")
+    cl.error("PUT", "/v1/archive?path=w&replace=1", body=data[:700],
+             expect=400)
+    assert (dst / "later").exists()
+    cl.error("PUT", "/v1/archive?path=w&replace=2", body=data, expect=400)
+
+
+def tar_bytes(*members):
+    """An archive of (TarInfo, data or None) built with Python's tarfile
+    (which writes whatever names it is given)."""
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for ti, data in members:
+            if data is not None:
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+            else:
+                t.addfile(ti)
+    return b.getvalue()
+
+
+def ti(name, type=tarfile.REGTYPE, linkname=""):
+    t = tarfile.TarInfo(name)
+    t.type = type
+    t.linkname = linkname
+    t.mode = 0o644
+    return t
+
+
+def test_archive_tar_slip_refused(cl, agent, tmp_path):
+    root = Path(agent.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("precious")
+    before = sorted(os.listdir(outside))
+    evil = b"owned\n"
+    cases = {
+        "absolute": tar_bytes((ti(str(outside / "abs-evil")), evil)),
+        "dotdot": tar_bytes((ti("../escape-evil"), evil)),
+        "dotdot-inner": tar_bytes((ti("a/../../escape-evil"), evil)),
+        "dotdot-rel": tar_bytes((ti("ok"), b"ok"),
+                                (ti("../root/x/escape"), evil)),
+        "symlink-write-through": tar_bytes(
+            (ti("x", tarfile.SYMTYPE, str(outside)), None),
+            (ti("x/victim"), evil)),
+        "symlink-relative": tar_bytes(
+            (ti("up", tarfile.SYMTYPE, "../../outside"), None),
+            (ti("up/new-evil"), evil)),
+        "symlink-dir-then-mkdir": tar_bytes(
+            (ti("y", tarfile.SYMTYPE, str(outside)), None),
+            (ti("y/sub", tarfile.DIRTYPE), None)),
+        "hardlink-passwd": tar_bytes(
+            (ti("pw", tarfile.LNKTYPE, "/etc/passwd"), None)),
+        "hardlink-relative": tar_bytes(
+            (ti("pw", tarfile.LNKTYPE, "../../../../../../etc/passwd"),
+             None)),
+        "hardlink-not-in-archive": tar_bytes(
+            (ti("pw", tarfile.LNKTYPE, "sibling"), None)),
+        "hardlink-via-symlink": tar_bytes(
+            (ti("e", tarfile.SYMTYPE, "/etc"), None),
+            (ti("pw", tarfile.LNKTYPE, "e/passwd"), None)),
+    }
+    (root / "sibling").write_text("sibling")
+    for name, data in cases.items():
+        st, err = cl.error("PUT", f"/v1/archive?path={q('in/' + name)}",
+                           body=data, expect=400)
+        assert "archive entry" in err["message"], (name, err)
+        assert err["errno"] in ("EXDEV", "EINVAL"), (name, err)
+    assert sorted(os.listdir(outside)) == before
+    assert (outside / "victim").read_text() == "precious"
+    assert not (root.parent / "escape-evil").exists()
+    assert not (tmp_path / "escape-evil").exists()
+    assert (root / "sibling").read_text() == "sibling"
+    with open("/etc/passwd") as f:
+        assert "owned" not in f.read()
+    # a symlink to an outside place may exist in a tree; only writing
+    # through it is refused (the first entry was extracted)
+    assert os.readlink(root / "in" / "symlink-write-through" / "x") == \
+        str(outside)
+    # a path that escapes REL but stays in the root is refused as well
+    (root / "other").mkdir()
+    data = tar_bytes((ti("l", tarfile.SYMTYPE, "../other"), None),
+                     (ti("l/f"), evil))
+    st, err = cl.error("PUT", "/v1/archive?path=inner", body=data,
+                       expect=400)
+    assert err["errno"] == "EXDEV"
+    assert not (root / "other" / "f").exists()
+    # inside REL, symlinked directories and hard links work
+    data = tar_bytes((ti("real", tarfile.DIRTYPE), None),
+                     (ti("alias", tarfile.SYMTYPE, "real"), None),
+                     (ti("alias/f"), b"via alias"),
+                     (ti("h", tarfile.LNKTYPE, "alias/f"), None))
+    cl.json("PUT", "/v1/archive?path=fine", body=data)
+    assert (root / "fine" / "real" / "f").read_bytes() == b"via alias"
+    assert os.stat(root / "fine" / "h").st_ino == \
+        os.stat(root / "fine" / "real" / "f").st_ino
+
+
+def test_archive_put_bad_archives(cl, agent, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x" * 5000)
+    data = gnu_tar("--format=pax", "-C", src, "-cf", "-", ".")
+    # truncated in the data
+    st, err = cl.error("PUT", "/v1/archive?path=t1", body=data[:3000],
+                       expect=400)
+    assert err["errno"] == "EINVAL"
+    assert "truncated" in err["message"] and "offset 3000" in \
+        err["message"], err
+    # no end marker
+    body = data.rstrip(b"\0")
+    body += b"\0" * (-len(body) % 512)
+    st, err = cl.error("PUT", "/v1/archive?path=t2", body=body, expect=400)
+    assert f"offset {len(body)}" in err["message"], err
+    assert (Path(agent.root) / "t2" / "f").read_bytes() == b"x" * 5000
+    # a corrupt header: checksum mismatch, with its offset
+    bad = bytearray(data)
+    bad[512 * 3 + 5] ^= 0x20  # the header of ./f after ./ and pax
+    st, err = cl.error("PUT", "/v1/archive?path=t3", body=bytes(bad),
+                       expect=400)
+    assert "offset" in err["message"], err
+    # empty body and garbage
+    st, err = cl.error("PUT", "/v1/archive?path=t4", body=b"", expect=400)
+    assert "offset 0" in err["message"]
+    st, err = cl.error("PUT", "/v1/archive?path=t5", body=b"hello" * 200,
+                       expect=400)
+    assert "offset 0" in err["message"]
+    cl.json("GET", "/v1/health", token=False)
+
+
+# -- --token-env -----------------------------------------------------------------
+
+class EnvTokenAgent(Agent):
+    def argv(self):
+        return [self.binary, "serve", "--root", str(self.root),
+                "--listen", f"{self.host}:{self.port}",
+                "--token-env", "SBX_TEST_AGENT_TOKEN"]
+
+
+def test_token_env(agent_bin, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    env = dict(os.environ)
+    env["SBX_TEST_AGENT_TOKEN"] = "env-token-123 \n"
+    a = EnvTokenAgent(agent_bin, root, tmp_path / "agent", env=env,
+                      token="env-token-123").start()
+    try:
+        c = Client(a)
+        assert c.json("GET", "/v1/info")["protocol"] == 1
+        c.error("GET", "/v1/info", token="env-token-123 ", expect=401)
+        # the variable is not inherited by commands the agent runs
+        out, err, ex = run(c, ["sh", "-c",
+                               "echo ${SBX_TEST_AGENT_TOKEN-unset}"])
+        assert out == b"unset\n", out
+        with open(f"/proc/{a.pid()}/environ", "rb") as f:
+            assert b"env-token-123" not in f.read()
+    finally:
+        a.stop()
+    out = a.output()
+    assert "AddressSanitizer" not in out and "LeakSanitizer" not in out, out
+    base = [str(agent_bin), "serve", "--root", str(root), "--listen",
+            "127.0.0.1:0"]
+    for value in (None, "", "  \n"):
+        env = dict(os.environ)
+        env.pop("SBX_TEST_AGENT_TOKEN", None)
+        if value is not None:
+            env["SBX_TEST_AGENT_TOKEN"] = value
+        r = subprocess.run(base + ["--token-env", "SBX_TEST_AGENT_TOKEN"],
+                           capture_output=True, text=True, timeout=10,
+                           env=env)
+        assert r.returncode == 1, r
+        assert "SBX_TEST_AGENT_TOKEN" in r.stderr
+        assert ("not set" if value is None else "empty") in r.stderr
+    tok = tmp_path / "tok"
+    tok.write_text("t\n")
+    r = subprocess.run(base + ["--token-env", "X", "--token-file", str(tok)],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "not both" in r.stderr
+    r = subprocess.run(base, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "--token-env" in r.stderr

@@ -1121,6 +1121,9 @@ for i in range(n):
 """
 
 
+# Kubernetes: the same data plane as remote, behind the fake API server's
+# Python proxy, which makes six parallel churners take 45 s.
+@pytest.mark.remote_only("churn through the fake's Python proxy takes 45 s")
 def test_parallel_churn(sandbox):
     """Several processes creating, renaming, deleting, listing at once."""
     root = sandbox.mnt / "churn"
