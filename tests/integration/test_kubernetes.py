@@ -193,3 +193,94 @@ def test_gc_deletes_orphans_only(kenv, fake):
     assert r.rc == 0, r
     assert fake.pod("orphan") is None
     assert fake.pod("keep") is not None
+
+
+def test_evicted_pod_is_reported(kenv, fake):
+    m = mnt_of(up(kenv, "evicted"))
+    (m / "x").write_text("x")
+    name = fake.pod("evicted")["metadata"]["name"]
+    st, j = fake.api("POST", f"/fake/pods/{NS}/{name}/evict")
+    assert st in (200, 201), j
+    with pytest.raises(OSError):
+        for i in range(50):             # until the change reaches us
+            (m / f"y{i}").write_text("y")
+            time.sleep(0.1)
+    st = ksbx(kenv, "status", "evicted", "--json").json()
+    assert st["state"] == "error", st
+    assert "Evicted" in json.dumps(st), st
+
+
+def test_api_errors_are_clear(kenv, fake):
+    try:
+        st, j = fake.api("POST", "/fake/forbid",
+                         {"verb": "create", "resource": "pods"})
+        assert st in (200, 201), j
+        r = up(kenv, "forbidden", check=False)
+        assert r.rc != 0
+        assert "forbidden" in r.err and "rbac.yaml" in r.err, r
+        fake.api("DELETE", "/fake/forbid")
+
+        st, j = fake.api("POST", "/fake/failures",
+                         {"method": "POST", "path": "/pods$", "code": 422,
+                          "message": "Pod is invalid"})
+        assert st in (200, 201), j
+        r = up(kenv, "invalid", check=False)
+        assert r.rc != 0
+        assert "rejected as invalid" in r.err, r
+
+        # 429 with Retry-After: waited for, then it works
+        st, j = fake.api("POST", "/fake/failures",
+                         {"method": "POST", "path": "/pods$", "code": 429,
+                          "retry_after": 1})
+        assert st in (200, 201), j
+        t0 = time.monotonic()
+        m = mnt_of(up(kenv, "throttled"))
+        assert time.monotonic() - t0 >= 1
+        (m / "ok").write_text("ok")
+    finally:
+        fake.api("DELETE", "/fake/forbid")
+        fake.api("DELETE", "/fake/failures")
+
+
+def test_exec_plugin_refreshed_on_401(kenv, fake, tmp_path):
+    """Credentials from an exec plugin; when the API server starts
+    refusing them (401), sbx runs the plugin again and carries on."""
+    import yaml
+    cfg = yaml.safe_load(fake.kubeconfig.read_text())
+    st, t1 = fake.api("POST", "/fake/tokens", {"user": "plugin-user"})
+    assert st in (200, 201), t1
+    cur = tmp_path / "current-token"
+    runs = tmp_path / "runs"
+    cur.write_text(t1["token"])
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text(
+        "#!/bin/sh\n"
+        f"echo run >> {runs}\n"
+        'printf \'{"apiVersion":"client.authentication.k8s.io/v1",'
+        '"kind":"ExecCredential","status":{"token":"%s"}}\' '
+        f'"$(cat {cur})"\n')
+    plugin.chmod(0o755)
+    cfg["users"].append({"name": "plugin", "user": {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": str(plugin), "interactiveMode": "Never"}}})
+    token_ctx = next(c for c in cfg["contexts"] if c["name"] == "token")
+    cfg["contexts"].append({"name": "plugin", "context": {
+        **token_ctx["context"], "user": "plugin"}})
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump(cfg))
+    m = mnt_of(up(kenv, "plugged", "--kubeconfig", str(kc),
+                  "--context", "plugin"))
+    (m / "before").write_text("1")
+    assert runs.read_text().count("run") >= 1
+    before = runs.read_text().count("run")
+
+    st, t2 = fake.api("POST", "/fake/tokens", {"user": "plugin-user"})
+    assert st in (200, 201), t2
+    cur.write_text(t2["token"])
+    st, _ = fake.api("POST", f"/fake/tokens/{t1['token']}/expire")
+    assert st == 200
+    (m / "after").write_text("2")        # 401, plugin again, retried
+    assert read_bytes(m / "after") == b"2"
+    assert runs.read_text().count("run") > before
+    r = ksbx(kenv, "down", "plugged", "--force", timeout=120)
+    assert r.rc == 0, r
