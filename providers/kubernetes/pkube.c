@@ -716,6 +716,21 @@ out:
 	return rc;
 }
 
+/* session_open() for a session that must have a pod: -ENOENT otherwise. */
+static int session_pod(struct pkube_provider *kp, const char *session,
+		       struct kube *k, char **pod_out, long *port_out)
+{
+	int rc = session_open(kp, session, k, pod_out, port_out);
+
+	if (rc < 0 || *pod_out)
+		return rc;
+	rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
+			   "no pod of session %s in namespace %s (context %s)",
+			   session, k->ns, k->context);
+	kube_close(k);
+	return rc;
+}
+
 static cJSON *str_array(const char *const *v)
 {
 	cJSON *a = cJSON_CreateArray();
@@ -1428,15 +1443,9 @@ static int pkube_get(struct sbx_provider *p, const char *session,
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	rc = session_open(kp, session, &k, &pod, &port);
+	rc = session_pod(kp, session, &k, &pod, &port);
 	if (rc < 0)
 		return rc;
-	if (!pod) {
-		rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
-				   "no pod of session %s in namespace %s "
-				   "(context %s)", session, k.ns, k.context);
-		goto out;
-	}
 	rc = get_pod(&k, pod, &obj);
 	if (rc == -ENOENT) {
 		sbx_error_clear();
@@ -1444,7 +1453,6 @@ static int pkube_get(struct sbx_provider *p, const char *session,
 	}
 	if (rc == 0)
 		fill_info(out, session, &k, pod, obj, &kp->cfg);
-out:
 	cJSON_Delete(obj);
 	free(pod);
 	kube_close(&k);
@@ -1609,19 +1617,12 @@ static int agent_client(struct pkube_provider *kp, const char *session,
 
 	*h = NULL;
 	memset(pc, 0, sizeof(*pc));
-	rc = session_open(kp, session, k, &pod, &port);
+	rc = session_pod(kp, session, k, &pod, &port);
 	if (rc < 0)
 		return rc;
-	if (!pod) {
-		rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
-				   "no pod of session %s in namespace %s",
-				   session, k->ns);
-		goto out;
-	}
 	rc = agent_config(kp, k, pod, port, pc);
 	if (rc == 0)
 		rc = premote_http_new(h, pc, pc->token);
-out:
 	if (rc < 0) {
 		premote_config_fini(pc);
 		kube_close(k);
@@ -1933,15 +1934,9 @@ static int pkube_open(struct sbx_provider *p, const char *session,
 	int rc;
 
 	*out = NULL;
-	rc = session_open(kp, session, &k, &pod, &port);
+	rc = session_pod(kp, session, &k, &pod, &port);
 	if (rc < 0)
 		return rc;
-	if (!pod) {
-		rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
-				   "no pod of session %s in namespace %s "
-				   "(context %s)", session, k.ns, k.context);
-		goto out;
-	}
 	rc = agent_config(kp, &k, pod, port, &pc);
 	if (rc < 0)
 		goto out;
