@@ -428,6 +428,7 @@ def _refused(port):
 # -- basics of a remote session -------------------------------------------------------
 
 
+@pytest.mark.remote_only("checks the remote provider's own status fields and agent root")
 def test_remote_session_status_and_files(sandbox):
     s = sandbox.status()
     assert s["provider"] == "remote"
@@ -503,6 +504,7 @@ def test_sandbox_changes_visible_through_latency(proxied):
 # -- the agent killed and restarted ---------------------------------------------------
 
 
+@pytest.mark.remote_only("restarts the agent process itself")
 def test_agent_killed_and_restarted(sandbox):
     sb, agent = sandbox, sandbox.agent
     sb.env.expect_log_error(".*")   # the daemon logs the outage
@@ -668,6 +670,7 @@ def _err(st, body):
         return f"HTTP {st} {body[:80]!r}"
 
 
+@pytest.mark.remote_only("talks to the agent directly")
 def test_path_escapes_refused(sandbox, tmp_path):
     """What is asserted:
 
