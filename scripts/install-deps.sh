@@ -8,10 +8,11 @@ PACKAGES=(
 	meson ninja-build pkg-config gcc clang libclang-rt-14-dev
 	libfuse3-dev libgit2-dev libcurl4-openssl-dev libcjson-dev
 	libmicrohttpd-dev libcmocka-dev libyaml-dev
+	protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev
 	# run
 	fuse3 bubblewrap git
 	# tests
-	python3 python3-pytest python3-pytest-timeout python3-yaml openssl vim tmux attr
+	python3 python3-pytest python3-pytest-timeout python3-yaml python3-protobuf python3-grpcio openssl vim tmux attr
 	# benchmarks
 	bindfs sshfs hyperfine
 )
