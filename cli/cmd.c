@@ -34,7 +34,7 @@ static const struct cli_cmd cmds[] = {
 	 "  --url URL         remote: base URL of a running sbx-agent\n"
 	 "  --token-file FILE remote: file holding the agent's token\n"
 	 "  --timeout SECONDS remote: bound on every request (default 30)\n"
-	 "  --image IMG       kubernetes: the sandbox's image\n"
+	 "  --image IMG       kubernetes, modal: the sandbox's image\n"
 	 "  --namespace NS    kubernetes: namespace (default: the context's)\n"
 	 "  --context CTX     kubernetes: kubeconfig context (default: "
 	 "current)\n"

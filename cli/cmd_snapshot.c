@@ -3,13 +3,16 @@
 
 #include <getopt.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
 #include "sbx/json.h"
 #include "sbx/provider.h"
 #include "sbx/state.h"
+#include "sbx/status.h"
 #include "cli_i.h"
 
 int cli_cmd_snapshot(int argc, char **argv)
@@ -123,6 +126,44 @@ int cli_cmd_snapshots(int argc, char **argv)
 	return ret;
 }
 
+/*
+ * Some providers restore by replacing the sandbox (modal: a new sandbox
+ * from the snapshot's image).  A mount still serving the old one is then
+ * restarted on the new one.
+ */
+static int remount_if_replaced(struct sbx_provider *p, struct sbx_session *s,
+			       int lock)
+{
+	struct sbx_sandbox_info info;
+	bool mounted = s->pid > 0 && sbx_status_daemon_alive(s->pid);
+	int rc;
+
+	memset(&info, 0, sizeof(info));
+	rc = p->ops->get(p, s->session, &info);
+	if (rc < 0 || !info.sandbox_id || !s->sandbox_id ||
+	    !strcmp(info.sandbox_id, s->sandbox_id)) {
+		sbx_error_clear();
+		sbx_sandbox_info_fini(&info);
+		return 0;
+	}
+	free(s->sandbox_id);
+	s->sandbox_id = info.sandbox_id;
+	info.sandbox_id = NULL;
+	sbx_sandbox_info_fini(&info);
+	if (mounted) {
+		rc = cli_daemon_stop(s, true);
+		if (rc == 0)
+			rc = cli_daemon_start(s, lock);
+		if (rc < 0)
+			rc = sbx_error_prefix(rc, "restored, but mounting the "
+					      "new sandbox failed (run `sbx "
+					      "mount %s`)", s->session);
+	}
+	if (sbx_state_save(s) < 0 && rc == 0)
+		rc = -EIO;
+	return rc;
+}
+
 int cli_cmd_restore(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -146,6 +187,8 @@ int cli_cmd_restore(int argc, char **argv)
 		rc = cli_session_provider(&p, &s);
 	if (rc == 0)
 		rc = p->ops->restore(p, s.session, argv[optind + 1], &saved);
+	if (rc == 0)
+		rc = remount_if_replaced(p, &s, lock);
 	if (rc < 0) {
 		ret = cli_report(CLI_EXIT_FAIL);
 	} else {

@@ -167,6 +167,15 @@ static int kube_flags(cJSON *flags, const struct up_opts *o)
 		sbx_json_set_str(k, "kubeconfig", abs);
 		free(abs);
 	}
+	/* --image means the same for the modal provider. */
+	if (o->image) {
+		cJSON *modal = cJSON_CreateObject();
+
+		if (!modal)
+			abort();
+		sbx_json_set_str(modal, "image", o->image);
+		sbx_json_set_take(flags, "modal", modal);
+	}
 	sbx_json_set_take(flags, "kubernetes", k);
 	return CLI_EXIT_OK;
 }

@@ -11,6 +11,7 @@
 #include "local/plocal_i.h"
 #include "remote/premote_i.h"
 #include "kubernetes/pkube.h"
+#include "modal/pmodal.h"
 
 typedef int (*provider_ctor)(struct sbx_provider **out,
 			     const struct cJSON *config);
@@ -22,9 +23,11 @@ static const struct {
 	{"local", plocal_provider_new},
 	{"remote", premote_provider_new},
 	{"kubernetes", pkube_provider_new},
+	{"modal", pmodal_provider_new},
 };
 
-static const char *const names[] = {"local", "remote", "kubernetes", NULL};
+static const char *const names[] = {"local", "remote", "kubernetes", "modal",
+				    NULL};
 
 const char *const *sbx_provider_names(void)
 {
@@ -57,7 +60,7 @@ int sbx_provider_new(struct sbx_provider **out, const char *name,
 	}
 	return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
 			     "unknown provider '%s' (this build has: local, "
-			     "remote, kubernetes); set \"provider\" in the configuration or pass "
+			     "remote, kubernetes, modal); set \"provider\" in the configuration or pass "
 			     "--provider local", name);
 }
 

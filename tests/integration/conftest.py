@@ -52,7 +52,7 @@ from testenv import mounts  # noqa: E402
 # a test supports, see pytest_generate_tests).
 PROVIDERS = [p for p in os.environ.get("SBX_TEST_PROVIDERS", "").split(",")
              if p] or None
-KNOWN_PROVIDERS = ("local", "remote", "slow_remote", "kubernetes")
+KNOWN_PROVIDERS = ("local", "remote", "slow_remote", "kubernetes", "modal")
 SLOW_REMOTE_DELAY_MS = float(os.environ.get("SBX_TEST_SLOW_DELAY_MS", "10"))
 DEFAULT_TIMEOUT = int(os.environ.get("SBX_TEST_TIMEOUT", "180"))
 COUNTS = {"passed": 0, "failed": 0, "skipped": 0}
@@ -94,10 +94,11 @@ def pytest_generate_tests(metafunc):
             metafunc.definition.get_closest_marker("slow_remote"):
         wanted.append("slow_remote")
     # Every test of the remote data plane also runs on a kubernetes
-    # sandbox (the fake API server, the pod proxy, a real agent).
-    if "remote" in wanted and "kubernetes" not in wanted and \
+    # sandbox (the fake API server, the pod proxy, a real agent) and on a
+    # modal one (the fake Modal server, a real agent behind a TLS tunnel).
+    if "remote" in wanted and \
             not metafunc.definition.get_closest_marker("remote_only"):
-        wanted.append("kubernetes")
+        wanted += [p for p in ("kubernetes", "modal") if p not in wanted]
     if PROVIDERS is not None:
         wanted = [p for p in wanted if p in PROVIDERS]
     metafunc.parametrize("provider", wanted, indirect=True)
@@ -214,6 +215,21 @@ def kube_fake_server(build_dir, tmp_path_factory):
     fake.stop()
 
 
+@pytest.fixture(scope="session")
+def modal_fake_server(build_dir, tmp_path_factory):
+    """One fake Modal server (and agent bundle) for the whole run."""
+    from testenv.modal import ModalFakeServer, make_bundle
+    d = tmp_path_factory.mktemp("modal")
+    fake = ModalFakeServer(d / "fake", build_dir / "agent" / "sbx-agent")
+    try:
+        fake.start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    fake.bundle = make_bundle(build_dir, d / "bundle")
+    yield fake
+    fake.stop()
+
+
 @pytest.fixture
 def sandbox(request, sbx_env, repo, provider):
     if provider == "local":
@@ -221,15 +237,19 @@ def sandbox(request, sbx_env, repo, provider):
         sb.provider = provider
         yield sb
         return
-    if provider == "kubernetes":
-        from testenv.kube import KubeSandbox
-        fake = request.getfixturevalue("kube_fake_server")
-        sb = KubeSandbox.up(sbx_env, "t1", fake, repo)
+    if provider in ("kubernetes", "modal"):
+        if provider == "kubernetes":
+            from testenv.kube import KubeSandbox as cls
+            fake = request.getfixturevalue("kube_fake_server")
+        else:
+            from testenv.modal import ModalSandbox as cls
+            fake = request.getfixturevalue("modal_fake_server")
+        sb = cls.up(sbx_env, "t1", fake, repo)
         try:
             yield sb
             call = getattr(request.node, "rep_call", None)
             if call is not None and call.failed:
-                sys.stderr.write(f"[kubernetes sandbox] "
+                sys.stderr.write(f"[{provider} sandbox] "
                                  f"{sbx_env.log_tail('t1')}\n--- fake ---\n"
                                  f"{fake.log_tail()}\n")
         finally:
