@@ -76,7 +76,7 @@ def pytest_configure(config):
         "markers", "slow_remote: also run through the latency proxy "
                    "(provider slow_remote) when remote is among providers")
     config.addinivalue_line(
-        "markers", "remote_only(reason): not run on the kubernetes provider "
+        "markers", "remote_only(reason): not run on the kubernetes and modal providers "
                    "(needs the agent process itself)")
     config.addinivalue_line(
         "markers", "local_only(reason): the test checks something only a "
