@@ -103,6 +103,7 @@ struct cfile {
 	 * write-back of several pages of one file from several threads.
 	 */
 	pthread_mutex_t wlock;
+	pthread_mutex_t olock;  /* serialises open_inner() */
 	bool flushed;           /* closed (FLUSH seen) and not used since */
 	/* One contiguous extent of unpushed writes. */
 	char *buf;
@@ -1392,32 +1393,46 @@ static int c_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 static int open_inner(struct cache *c, struct cfile *f)
 {
 	struct sbx_open_result res;
+	struct sbx_node *node = NULL;
 	char *path;
-	int rc;
+	int rc = 0;
 
-	if (f->inner)
+	if (__atomic_load_n(&f->inner, __ATOMIC_ACQUIRE))
 		return 0;
+	/*
+	 * Several requests of one open file (parallel READs, a RELEASE's
+	 * push) may get here at once: one opens, the others wait for it.
+	 * Two opens would each set inner/inner_node, and the loser's node
+	 * would be forgotten twice.
+	 */
+	pthread_mutex_lock(&f->olock);
+	if (f->inner)
+		goto out;
 	pthread_mutex_lock(&c->lock);
 	path = path_of(f->node);
 	pthread_mutex_unlock(&c->lock);
-	if (!path)
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "file was replaced while open");
-	rc = inner_node(c, path, &f->inner_node);
+	if (!path) {
+		rc = sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				   "file was replaced while open");
+		goto out;
+	}
+	rc = inner_node(c, path, &node);
 	free(path);
 	if (rc < 0)
-		return rc;
+		goto out;
 	memset(&res, 0, sizeof(res));
-	rc = c->inner->ops->open(c->inner, f->inner_node,
+	rc = c->inner->ops->open(c->inner, node,
 				 f->flags & ~(O_CREAT | O_EXCL | O_TRUNC),
 				 &res);
 	if (rc < 0) {
-		c->inner->ops->forget(c->inner, f->inner_node);
-		f->inner_node = NULL;
-		return rc;
+		c->inner->ops->forget(c->inner, node);
+		goto out;
 	}
-	f->inner = res.fh;
-	return 0;
+	f->inner_node = node;
+	__atomic_store_n(&f->inner, res.fh, __ATOMIC_RELEASE);
+out:
+	pthread_mutex_unlock(&f->olock);
+	return rc;
 }
 
 static struct cfile *new_cfile(struct cnode *n, int flags)
@@ -1427,6 +1442,7 @@ static struct cfile *new_cfile(struct cnode *n, int flags)
 	f->node = n;
 	f->flags = flags;
 	pthread_mutex_init(&f->wlock, NULL);
+	pthread_mutex_init(&f->olock, NULL);
 	return f;
 }
 
@@ -1822,6 +1838,7 @@ static int c_release(struct sbx_sandbox *sb, struct sbx_file *fh)
 		c->inner->ops->forget(c->inner, f->inner_node);
 	drop_open(c, f);
 	pthread_mutex_destroy(&f->wlock);
+	pthread_mutex_destroy(&f->olock);
 	free(f);
 	return rc;
 }
