@@ -8,17 +8,30 @@
  * listings, file contents (memory, spilling large ones to disk under
  * $SBX_HOME/cache/<session>/), symlink targets.  Prefetch: the first time
  * a directory is looked into, one bulk call brings the metadata of its
- * whole subtree and the content of its small files.  Writes are buffered
- * per open file and pushed on close, fsync and the exec barrier.
+ * whole subtree and the content of its small files.
+ *
+ * Writes are buffered per open file (write-back, not write-through) and
+ * pushed on close, fsync, the exec barrier, before any operation that must
+ * see the file's real size, and at the latest about one second after they
+ * were made.  A push that fails keeps its bytes and its error with the open
+ * file: the owner's next fsync() or close() retries them and reports the
+ * error if it persists; only the last RELEASE drops what cannot be pushed
+ * (and logs it).
  *
  * Invalidation comes from the wrapped sandbox's change stream (paths),
  * which the cache turns into identity-based changes for the daemon.  While
  * the stream is healthy everything is cached until invalidated; otherwise
  * cached data is trusted for CACHE_BLIND_TTL seconds only and revalidated
- * on open (close-to-open).
+ * on open (close-to-open).  A path that the sandbox says is gone while the
+ * cache still had it yields ESTALE, so the kernel looks it up again and
+ * retries the system call once.
  *
- * Threads: every operation may run concurrently; one mutex protects the
- * tree and is never held across I/O on the wrapped sandbox.
+ * Threads: every operation may run concurrently.  One mutex protects the
+ * tree and is never held across I/O on the wrapped sandbox or the disk;
+ * per open file, one mutex orders its pushes.  The lock order, the
+ * lifetimes and the parts are in cache_i.h.  The cache runs one thread of
+ * its own, the write-back flusher, from fs_cache_new() to
+ * sbx_sandbox_free().
  */
 #ifndef FS_CACHE_H
 #define FS_CACHE_H

@@ -1,0 +1,224 @@
+/*
+ * The change stream; see cache_i.h.
+ *
+ * The wrapped sandbox reports changes by path.  The cache marks what they
+ * touch as unknown or stale and forwards them to the daemon keyed by
+ * identity (st_dev/st_ino of the directory and the object), which is what
+ * the daemon needs to invalidate the kernel's caches.
+ *
+ * Own changes.  An entry event that our own call through the mount causes
+ * is expected before the call (the cache and the kernel already know the
+ * change) and dropped when it arrives, instead of making the name UNKNOWN
+ * and costing a round trip on the next lookup.  A failed call cancels its
+ * expectation.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sbx/xmalloc.h"
+#include "cache_i.h"
+
+struct expect {
+	struct expect *next;
+	char path[];
+};
+
+struct expect *change_expect(struct cache *c, const struct cnode *dir,
+			     const char *name)
+{
+	struct expect *e;
+	size_t len;
+	char *p;
+
+	if (!__atomic_load_n(&c->watching, __ATOMIC_ACQUIRE))
+		return NULL;
+	cache_lock(c);
+	p = tree_child_path(dir, name);
+	if (!p) {
+		cache_unlock(c);
+		return NULL;
+	}
+	len = strlen(p);
+	e = sbx_xmalloc(sizeof(*e) + len + 1);
+	memcpy(e->path, p, len + 1);
+	free(p);
+	e->next = c->expect;
+	c->expect = e;
+	cache_unlock(c);
+	return e;
+}
+
+void change_expect_cancel(struct cache *c, struct expect *e)
+{
+	struct expect **pp;
+
+	if (!e)
+		return;
+	cache_lock(c);
+	for (pp = &c->expect; *pp && *pp != e; pp = &(*pp)->next)
+		;
+	if (*pp) {
+		*pp = e->next;
+		free(e);
+	}
+	cache_unlock(c);
+}
+
+/* c->lock held.  True (and consumed) when path was expected. */
+static bool expect_take(struct cache *c, const char *path)
+{
+	struct expect **pp, *e;
+
+	for (pp = &c->expect; (e = *pp); pp = &e->next)
+		if (strcmp(e->path, path) == 0) {
+			*pp = e->next;
+			free(e);
+			return true;
+		}
+	return false;
+}
+
+void change_expect_clear(struct cache *c)
+{
+	while (c->expect) {
+		struct expect *e = c->expect;
+
+		c->expect = e->next;
+		free(e);
+	}
+}
+
+/* Forward a change to the daemon with the identities it keys on. */
+static void forward(struct cache *c, int kind, const struct stat *dir,
+		    const char *name, const struct stat *obj)
+{
+	struct sbx_change ch;
+
+	if (!c->cb)
+		return;
+	memset(&ch, 0, sizeof(ch));
+	ch.kind = kind;
+	if (dir) {
+		ch.dir_dev = dir->st_dev;
+		ch.dir_ino = dir->st_ino;
+	}
+	ch.name = name;
+	if (obj) {
+		ch.dev = obj->st_dev;
+		ch.ino = obj->st_ino;
+	}
+	c->cb(&ch, c->cb_payload);
+}
+
+static void apply_change(struct cache *c, const struct sbx_change *ch)
+{
+	struct stat objst, dirst;
+	struct cnode *n, *dir;
+	const char *name = NULL, *base;
+	bool have_obj = false, have_dir = false;
+	char *dirpath = NULL;
+
+	if (ch->kind == SBX_CHANGE_OVERFLOW || !ch->path) {
+		cache_lock(c);
+		c->events++;
+		change_expect_clear(c);
+		tree_forget_all(&c->root);
+		cache_unlock(c);
+		forward(c, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
+		return;
+	}
+	base = strrchr(ch->path, '/');
+	/* Our own hidden names: nothing the kernel knows of. */
+	if (tree_is_silly(base ? base + 1 : ch->path))
+		return;
+	cache_lock(c);
+	c->events++;
+	if (ch->kind == SBX_CHANGE_ENTRY && expect_take(c, ch->path)) {
+		cache_unlock(c);
+		return;
+	}
+	n = tree_resolve(c, ch->path, false);
+	if (n && !n->dirty) {
+		/* Its other names' link counts may have changed too. */
+		tree_invalidate_file(n);
+		free(n->link);
+		n->link = NULL;
+		if (ch->kind == SBX_CHANGE_DATA)
+			content_drop(c, n);
+		objst = n->st;
+		have_obj = n->st.st_ino != 0;
+	}
+	if (ch->kind == SBX_CHANGE_ENTRY) {
+		dirpath = base ? sbx_xstrndup(ch->path,
+					      (size_t)(base - ch->path))
+			       : sbx_xstrdup("");
+		name = base ? base + 1 : ch->path;
+		dir = tree_resolve(c, dirpath, false);
+		if (dir) {
+			/*
+			 * The name may be new to us: record it as UNKNOWN so a
+			 * complete listing neither answers "absent" for it nor
+			 * is served without asking again.
+			 */
+			struct cnode *k = tree_kid_get(dir, name);
+
+			if (!k->dirty)
+				k->slot = S_UNKNOWN;
+			dir->st_valid = false;
+			dirst = dir->st;
+			have_dir = true;
+		}
+	}
+	cache_unlock(c);
+	if (ch->kind == SBX_CHANGE_ENTRY) {
+		if (have_dir)
+			forward(c, SBX_CHANGE_ENTRY, &dirst, name,
+				have_obj ? &objst : NULL);
+	} else if (have_obj) {
+		forward(c, ch->kind, NULL, NULL, &objst);
+	}
+	free(dirpath);
+}
+
+static void on_change(const struct sbx_change *ch, void *payload)
+{
+	apply_change(payload, ch);
+}
+
+int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload)
+{
+	int rc;
+
+	if (!c->inner->ops->watch_start)
+		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS,
+				     "no change stream");
+	c->cb = cb;
+	c->cb_payload = payload;
+	rc = c->inner->ops->watch_start(c->inner, on_change, c);
+	if (rc == 0)
+		__atomic_store_n(&c->watching, true, __ATOMIC_RELEASE);
+	return rc;
+}
+
+int change_watch_sync(struct cache *c)
+{
+	int rc = c->inner->ops->watch_sync(c->inner);
+
+	if (rc < 0) {
+		/* Could not catch up: trust nothing cached. */
+		cache_lock(c);
+		tree_forget_all(&c->root);
+		cache_unlock(c);
+	}
+	return rc;
+}
+
+void change_watch_stop(struct cache *c)
+{
+	if (__atomic_load_n(&c->watching, __ATOMIC_ACQUIRE))
+		c->inner->ops->watch_stop(c->inner);
+	__atomic_store_n(&c->watching, false, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,345 @@
+/*
+ * Private to the caching layer (fs/cache*.c); see cache.h for what it does.
+ *
+ * Seams, one file each:
+ *   cache_tree.c     the node tree, paths, hard-link rings, attributes
+ *   cache_content.c  cached file contents: memory LRU and disk spill
+ *   cache_wb.c       open files, their write-back buffers, the flusher
+ *   cache_list.c     prefetch (bulk walks), listings, directory handles
+ *   cache_change.c   the change stream: own-change expectations, applying
+ *                    events, forwarding them to the daemon
+ *   cache_silly.c    unlink of open files (silly rename) and last close
+ *   cache.c          the sbx_sandbox_ops table and everything else
+ *
+ * Locks, in the order they are taken (a thread holding one may take only
+ * those below it):
+ *
+ *   1. cfile.wlock  one open file's write buffer; held across the inner
+ *                   write calls of a push, so pushes of one file are
+ *                   ordered and a write never overtakes an older one.
+ *   2. cache.lock   the tree, every cnode field, the content LRU, the
+ *                   dirty list, cfile reference counts and the fields
+ *                   marked "c->lock" below.  Never held across a call
+ *                   into the wrapped sandbox, nor across disk I/O: both
+ *                   happen with only 1 (or nothing) held.  Disk
+ *                   work decided under it (spilling contents, removing
+ *                   spilled files) is queued and done by cache_unlock().
+ *
+ * Lifetimes.  Nodes live as long as the cache (the daemon holds
+ * references to them; a repository's worth of paths is small).  Open files
+ * (struct cfile) are reference counted: the kernel's handle holds one
+ * reference until RELEASE, and any thread that finds a file on the dirty
+ * list takes one under c->lock before dropping the lock to push it, so a
+ * RELEASE on another thread can never free a file still being pushed.
+ *
+ * Wrapped files.  The cache opens the wrapped sandbox's file for each I/O,
+ * at the path its node has at that moment (struct cache_io), instead of
+ * keeping one open: a path-based provider's open file names a fixed path,
+ * so a rename through the mount (or a silly rename) would otherwise leave
+ * it pointing at the old name.  Opening costs nothing for the remote
+ * providers (the agent has no open files; every request names its path).
+ */
+#ifndef FS_CACHE_I_H
+#define FS_CACHE_I_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include "sbx/provider.h"
+
+/* Without a healthy change stream, cached data is trusted this long. */
+#define CACHE_BLIND_TTL 1.0
+/* Files up to this size are fetched whole on first read and kept. */
+#define CACHE_WHOLE_FILE (1u << 20)
+/* Memory for cached contents; beyond it, least recently used spill. */
+#define CACHE_MEM_BUDGET (256u << 20)
+/* Contents at least this large spill to disk instead of being dropped. */
+#define CACHE_DISK_MIN (64u << 10)
+/* Buffered writes per open file before they are pushed. */
+#define CACHE_WRITE_BUF (4u << 20)
+/*
+ * Buffered writes are pushed at the latest this long after the first
+ * unpushed byte (the kernel's dirty_expire is 30 s; ours is short because
+ * the daemon, unlike the kernel, can be killed).
+ */
+#define CACHE_WB_EXPIRE 1.0
+/* How often the flusher looks for expired buffers. */
+#define CACHE_WB_TICK_MS 200
+/* Prefetch: content for files up to max_file, total max_total. */
+#define PREFETCH_MAX_FILE (64u << 10)
+#define PREFETCH_MAX_TOTAL (32u << 20)
+/* Hidden names of open files removed through the mount (silly rename). */
+#define SILLY_PREFIX ".sbx-silly."
+/* How long an unlink waits for the RELEASE that follows a close. */
+#define RELEASE_WAIT_MS 100
+/* Buckets of the hard-link table (a power of two). */
+#define RING_BUCKETS 256
+
+enum slot { S_UNKNOWN = 0, S_PRESENT, S_ABSENT };
+
+struct content {
+	void *data;     /* NULL when spilled to disk or being spilled */
+	size_t len;
+	bool on_disk;         /* complete in its spill file */
+	bool spilling;        /* its spill job has not finished */
+	struct content *spill_next; /* c->spilling */
+	unsigned long serial; /* names the spill file; unique per cache */
+	/* What it was read from: valid while the attributes still say so. */
+	ino_t ino;
+	off_t size;
+	struct timespec mtime;
+	struct content *lru_prev, *lru_next; /* contents held in memory */
+};
+
+/* Every field is protected by c->lock. */
+struct cnode {
+	struct cnode *parent; /* NULL for the root and for orphans */
+	char *name;           /* NULL for the root */
+	enum slot slot;
+	bool orphan;          /* replaced by a rename: no path any more */
+
+	struct stat st;
+	bool st_valid;
+	double st_time;       /* when st was fetched (monotonic) */
+
+	char *link;           /* symlink target, valid with st */
+
+	/* Directories. */
+	struct cnode **kids;  /* hash buckets by name */
+	size_t nbuckets, nkids;
+	struct cnode *hnext;  /* bucket chain in the parent */
+	bool complete;        /* every name is a kid (some UNKNOWN maybe) */
+	double list_time;
+	bool prefetched;      /* a bulk walk covered this directory */
+	bool prefetching;
+
+	struct content *content;
+	unsigned dirty;       /* open files with unpushed writes */
+	unsigned opens;       /* open files */
+	unsigned active;      /* open files with no FLUSH since (a hint) */
+	bool hidden;          /* a silly-renamed file: never listed */
+
+	/*
+	 * Hard links: the names of one multi-link file form a circular,
+	 * doubly linked ring (ring_next == ring_prev == self when alone);
+	 * one member of each ring, the head, sits in c->rings under
+	 * ring_ino, the inode number it was joined with.
+	 */
+	bool in_ring;
+	ino_t ring_ino;
+	struct cnode *ring_next, *ring_prev;
+	struct cnode *ring_hnext; /* chain of heads in a c->rings bucket */
+};
+
+struct cfile {
+	struct cnode *node;
+	int flags;
+	unsigned refs;              /* c->lock */
+	bool released;              /* c->lock: RELEASE seen */
+	pthread_mutex_t wlock;      /* lock order 1 */
+	bool flushed;               /* c->lock: FLUSH seen, not used since */
+	/* One contiguous extent of unpushed writes: wlock and c->lock to
+	 * change, either to read. */
+	char *buf;
+	size_t buf_len;
+	off_t buf_off;
+	double dirty_since;         /* c->lock: when buf became non-empty */
+	bool on_dirty;              /* c->lock: on c->dirty */
+	struct cfile *dnext, *dprev;
+	/* Directory handles: a snapshot of the listing (owner only). */
+	bool is_dir;
+	char **names;
+	struct stat *sts;
+	struct cnode **nodes;
+	size_t n;
+	ino_t dir_ino;
+};
+
+/* Disk work decided under c->lock, done after it is dropped. */
+struct disk_job {
+	struct disk_job *next;
+	char *path;         /* the spill file */
+	void *data;         /* NULL: remove path; else write it, then free */
+	size_t len;
+	unsigned long serial; /* for a spill: whose content */
+};
+
+struct expect;
+
+struct cache {
+	struct sbx_sandbox base;
+	struct sbx_sandbox *inner;
+	struct cnode root;
+	pthread_mutex_t lock;      /* lock order 2 */
+	pthread_cond_t cond;       /* prefetch completion, last RELEASE */
+	bool watching;             /* atomic */
+	sbx_change_cb cb;
+	void *cb_payload;
+	struct content *lru_head, *lru_tail; /* most recent first */
+	size_t mem_bytes;
+	char *disk_dir;
+	unsigned long content_serial;
+	struct disk_job *jobs;     /* queued by content_*, run by unlock */
+	struct content *spilling;  /* contents whose spill job is pending */
+	struct cfile *dirty;       /* open files with buffered writes */
+	struct cnode *rings[RING_BUCKETS]; /* hard-link ring heads */
+	struct expect *expect;     /* entry events our own calls will cause */
+	/*
+	 * Count of change events applied.  A fetch that sees it move while
+	 * its request was out may hold data from before the change: it is
+	 * returned but not trusted as cached (not fresh, not complete).
+	 */
+	unsigned long events;
+	unsigned long silly_seq;
+	/* The write-back flusher. */
+	pthread_t flusher;
+	bool flusher_running;
+	bool stopping;
+	pthread_cond_t flusher_cond;
+};
+
+#define CACHE(sb) ((struct cache *)(sb))
+#define CNODE(n) ((struct cnode *)(n))
+#define CFILE(f) ((struct cfile *)(f))
+
+/* ---- cache.c ------------------------------------------------------------ */
+
+double cache_now(void);
+/* Is the change stream delivering?  Caller may hold c->lock. */
+bool cache_healthy(struct cache *c);
+/* Caller holds c->lock: is data fetched at monotonic time t still good? */
+bool cache_fresh(struct cache *c, double t);
+/* Take c->lock. */
+void cache_lock(struct cache *c);
+/* Drop c->lock, then run the disk jobs queued while it was held. */
+void cache_unlock(struct cache *c);
+/* A node reference of the wrapped sandbox for path (no I/O). */
+int cache_inner_node(struct cache *c, const char *path, struct sbx_node **out);
+/* stat of path through the wrapped sandbox.  Caller holds no lock. */
+int cache_inner_stat(struct cache *c, const char *path, struct stat *st);
+
+/* ---- cache_tree.c: all with c->lock held ------------------------------- */
+
+struct cnode *tree_kid_find(struct cnode *dir, const char *name);
+/* The child `name` of dir, created UNKNOWN if missing. */
+struct cnode *tree_kid_get(struct cnode *dir, const char *name);
+void tree_kid_link(struct cnode *dir, struct cnode *k);
+void tree_kid_unlink(struct cnode *dir, struct cnode *k);
+/* Rename k (a child of its parent) to name in dir (takes nothing). */
+void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name);
+/* Find (create: make) the node of a path relative to the root. */
+struct cnode *tree_resolve(struct cache *c, const char *path, bool create);
+/* Path of n relative to the root, malloc'd; NULL for an orphan. */
+char *tree_path(const struct cnode *n);
+/*
+ * The path to use for operations on n: its own name while present, else
+ * another name of the same file (hard links), else its own.  NULL when n
+ * has no path at all.
+ */
+char *tree_path_of(const struct cnode *n);
+char *tree_child_path(const struct cnode *dir, const char *name);
+/* Record attributes fetched under n's own name: n is present. */
+void tree_set_st(struct cache *c, struct cnode *n, const struct stat *st);
+/* Attributes fetched through tree_path_of(n): say nothing of n's name. */
+void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st);
+/* Forget n's attributes and those of its other names (link counts). */
+void tree_invalidate_file(struct cnode *n);
+/* n is gone or another object now: leave its hard-link ring. */
+void tree_ring_leave(struct cache *c, struct cnode *n);
+/* The link count the user should see (silly-renamed names hidden). */
+nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
+/* Invalidate everything below and including n (events were lost). */
+void tree_forget_all(struct cnode *n);
+/* Free the subtree of n (not n itself) and n's own allocations. */
+void tree_free(struct cache *c, struct cnode *n);
+bool tree_is_silly(const char *name);
+
+/* ---- cache_content.c: all with c->lock held ---------------------------- */
+
+void content_drop(struct cache *c, struct cnode *n);
+bool content_valid(const struct cnode *n);
+/* Keep `data` (copied) as n's content, taken as of attributes st. */
+void content_store(struct cache *c, struct cnode *n, const void *data,
+		   size_t len, const struct stat *st);
+/*
+ * Copy up to size bytes at off from n's valid content held in memory.
+ * Returns the count, or -1 when not cached in memory; *disk_out (when not
+ * NULL) receives the spill file's name (malloc'd) when the content is on
+ * disk: read it with content_read_disk() after dropping the lock.
+ */
+ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
+		     off_t off, char **disk_out);
+/* No lock held: read a spill file; -1 when it is gone. */
+ssize_t content_read_disk(const char *path, void *buf, size_t size, off_t off);
+/* Run queued disk jobs (no lock held); see cache_unlock(). */
+void content_run_jobs(struct cache *c, struct disk_job *jobs);
+/* Remove what an earlier daemon spilled (no lock held). */
+void content_clear_dir(const char *dir);
+
+/* ---- cache_wb.c -------------------------------------------------------- */
+
+struct cfile *wb_file_new(struct cnode *n, int flags);
+/* Take / drop a reference.  get: c->lock held.  put: no lock held. */
+void wb_file_get(struct cfile *f);
+void wb_file_put(struct cache *c, struct cfile *f);
+/* A wrapped open file for one I/O on f, at f's current path. */
+struct cache_io {
+	struct sbx_node *node;
+	struct sbx_file *fh;
+};
+/* Open it (no lock held); on success end it with wb_io_end(). */
+int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io);
+void wb_io_end(struct cache *c, struct cache_io *io);
+/*
+ * Push f's buffered writes.  No lock held.  On failure the unpushed bytes
+ * stay buffered (the next push retries them) and the error is returned.
+ */
+int wb_push(struct cache *c, struct cfile *f);
+/* Push every buffered write of node n (all its open files). */
+int wb_push_node(struct cache *c, struct cnode *n);
+/* Push every buffered write of the sandbox. */
+int wb_push_all(struct cache *c);
+ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
+		 size_t size, off_t off);
+/* The last reference of the kernel: push, close, drop.  Frees f (later). */
+int wb_release(struct cache *c, struct cfile *f);
+int wb_start_flusher(struct cache *c);
+void wb_stop_flusher(struct cache *c);
+
+/* ---- cache_list.c ------------------------------------------------------ */
+
+/* Walk dir's subtree in one bulk call.  c->lock held (dropped inside). */
+void list_prefetch(struct cache *c, struct cnode *dir);
+int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out);
+int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
+		 void *payload);
+void list_closedir(struct cfile *d);
+
+/* ---- cache_change.c ---------------------------------------------------- */
+
+/* Expect the entry event of our own change of dir/name (no lock held). */
+struct expect *change_expect(struct cache *c, const struct cnode *dir,
+			     const char *name);
+/* The change failed: no event will come for it (no lock held). */
+void change_expect_cancel(struct cache *c, struct expect *e);
+/* Drop every expectation (c->lock held). */
+void change_expect_clear(struct cache *c);
+int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload);
+int change_watch_sync(struct cache *c);
+void change_watch_stop(struct cache *c);
+
+/* ---- cache_silly.c ----------------------------------------------------- */
+
+/*
+ * If `name` in dir is open here, rename it to a hidden name instead of
+ * removing it.  Returns 1 when it did, 0 when the name needs no such care,
+ * or -errno.  No lock held.
+ */
+int silly_rename(struct cache *c, struct cnode *dir, const char *name);
+/* The kernel closed f (RELEASE): remove a hidden file at its last close. */
+void silly_drop_open(struct cache *c, struct cfile *f);
+
+#endif

@@ -1,0 +1,299 @@
+/*
+ * Prefetch and directory listings; see cache_i.h.
+ *
+ * The first time a directory is looked into, one bulk call brings the
+ * metadata of its whole subtree and the content of its small files.  A
+ * complete, fresh listing answers readdir and negative lookups without a
+ * round trip; otherwise one readdirplus request refreshes it.  Results of a
+ * request during which a change event arrived (c->events moved) are served
+ * but not kept as complete: they may predate the change.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+#include "cache_i.h"
+
+struct bulk_ctx {
+	struct cache *c;
+	unsigned long gen; /* c->events when the walk started */
+};
+
+static int bulk_item(const struct sbx_bulk_item *it, void *payload)
+{
+	struct bulk_ctx *ctx = payload;
+	struct cache *c = ctx->c;
+	struct cnode *n;
+
+	cache_lock(c);
+	/* After a change during the walk, the rest may predate it: keep
+	 * nothing (lookups then ask one by one). */
+	if (ctx->gen != c->events) {
+		cache_unlock(c);
+		return 0;
+	}
+	n = tree_resolve(c, it->path, true);
+	if (n && !n->dirty) {
+		tree_set_st(c, n, &it->st);
+		if (it->kind == SBX_BULK_DIR) {
+			/* Names not listed are gone; listed ones present. */
+			for (size_t b = 0; b < n->nbuckets; b++)
+				for (struct cnode *k = n->kids[b]; k;
+				     k = k->hnext)
+					if (!k->dirty)
+						k->slot = S_ABSENT;
+			for (size_t i = 0; i < it->nentries; i++) {
+				struct cnode *k;
+
+				if (tree_is_silly(it->entries[i].name))
+					continue;
+				k = tree_kid_get(n, it->entries[i].name);
+				if (!k->dirty)
+					tree_set_st(c, k, &it->entries[i].st);
+				else
+					k->slot = S_PRESENT;
+			}
+			n->complete = true;
+			n->prefetched = true;
+			n->list_time = cache_now();
+		} else if (it->kind == SBX_BULK_FILE &&
+			   it->len == (size_t)it->st.st_size) {
+			content_store(c, n, it->data, it->len, &it->st);
+		}
+	}
+	cache_unlock(c);
+	return 0;
+}
+
+void list_prefetch(struct cache *c, struct cnode *dir)
+{
+	struct sbx_bulk_opts o = {PREFETCH_MAX_FILE, PREFETCH_MAX_TOTAL, -1};
+	struct bulk_ctx ctx = {c, 0};
+	char *path;
+	int rc;
+
+	if (!c->inner->ops->bulk || dir->prefetched)
+		return;
+	while (dir->prefetching)
+		pthread_cond_wait(&c->cond, &c->lock);
+	if (dir->prefetched)
+		return;
+	path = tree_path_of(dir);
+	if (!path)
+		return;
+	dir->prefetching = true;
+	ctx.gen = c->events;
+	cache_unlock(c);
+	rc = c->inner->ops->bulk(c->inner, path, &o, bulk_item, &ctx);
+	cache_lock(c);
+	if (rc < 0) {
+		sbx_debug("prefetch of '%s' failed: %s", path,
+			  sbx_error_last()->msg);
+		sbx_error_clear();
+	}
+	/* Even on failure: do not retry the walk on every lookup. */
+	dir->prefetched = true;
+	dir->prefetching = false;
+	pthread_cond_broadcast(&c->cond);
+	free(path);
+}
+
+/* ---- listings ------------------------------------------------------------ */
+
+struct list_ctx {
+	struct cache *c;
+	struct cnode *dir;
+	unsigned long gen; /* c->events when the request went out */
+	struct cnode **seen;
+	size_t nseen, cap;
+};
+
+static int list_entry(const char *name, const struct stat *st,
+		      struct sbx_node *node, off_t next, void *payload)
+{
+	struct list_ctx *l = payload;
+	struct cnode *k;
+
+	(void)next;
+	if (node)
+		l->c->inner->ops->forget(l->c->inner, node);
+	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
+	    tree_is_silly(name))
+		return 0;
+	cache_lock(l->c);
+	k = tree_kid_get(l->dir, name);
+	if (!k->dirty) {
+		tree_set_st(l->c, k, st);
+		if (l->gen != l->c->events)
+			k->st_valid = false; /* raced with a change */
+	} else {
+		k->slot = S_PRESENT;
+	}
+	if (l->nseen == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 64;
+		l->seen = sbx_xrealloc(l->seen, l->cap * sizeof(*l->seen));
+	}
+	l->seen[l->nseen++] = k;
+	cache_unlock(l->c);
+	return 0;
+}
+
+/* List dir through the wrapped sandbox (one request with attributes). */
+static int relist(struct cache *c, struct cnode *dir)
+{
+	struct list_ctx l = {.c = c, .dir = dir};
+	struct sbx_node *in;
+	struct sbx_file *dh;
+	char *path;
+	int rc;
+
+	cache_lock(c);
+	path = tree_path_of(dir);
+	l.gen = c->events;
+	cache_unlock(c);
+	if (!path)
+		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				     "directory was replaced");
+	rc = cache_inner_node(c, path, &in);
+	free(path);
+	if (rc < 0)
+		return rc;
+	rc = c->inner->ops->opendir(c->inner, in, &dh);
+	if (rc == 0) {
+		rc = c->inner->ops->readdir(c->inner, dh, 0, SBX_READDIR_PLUS,
+					    list_entry, &l);
+		(void)c->inner->ops->releasedir(c->inner, dh);
+	}
+	c->inner->ops->forget(c->inner, in);
+	cache_lock(c);
+	if (rc == 0) {
+		/* Everything not listed is absent now (unknown if raced). */
+		bool raced = l.gen != c->events;
+
+		for (size_t b = 0; b < dir->nbuckets; b++)
+			for (struct cnode *k = dir->kids[b]; k; k = k->hnext)
+				if (!k->dirty)
+					k->slot = raced ? S_UNKNOWN : S_ABSENT;
+		for (size_t i = 0; i < l.nseen; i++)
+			l.seen[i]->slot = S_PRESENT;
+		/* Raced with a change: serve this listing, cache none of it. */
+		dir->complete = !raced;
+		dir->list_time = cache_now();
+	}
+	cache_unlock(c);
+	free(l.seen);
+	return rc;
+}
+
+/*
+ * A listing can be served from the cache when it is complete and fresh,
+ * and every entry's attributes are valid: readdirplus hands them to the
+ * kernel, which would otherwise cache stale sizes and link counts.  One
+ * relist refreshes them all in a single request.  c->lock held.
+ */
+static bool listing_usable(struct cache *c, struct cnode *n)
+{
+	if (!n->complete || !cache_fresh(c, n->list_time))
+		return false;
+	for (size_t b = 0; b < n->nbuckets; b++)
+		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
+			if (k->slot == S_UNKNOWN)
+				return false;
+			if (k->slot == S_PRESENT && !k->hidden &&
+			    (!k->st_valid || k->dirty ||
+			     !cache_fresh(c, k->st_time)))
+				return false;
+		}
+	return true;
+}
+
+/* Fill a directory handle's snapshot from n's listing.  c->lock held. */
+static void snapshot_listing(struct cnode *n, struct cfile *d)
+{
+	size_t cap = n->nkids + 1, i = 0;
+
+	d->names = sbx_xcalloc(cap, sizeof(*d->names));
+	d->sts = sbx_xcalloc(cap, sizeof(*d->sts));
+	d->nodes = sbx_xcalloc(cap, sizeof(*d->nodes));
+	for (size_t b = 0; b < n->nbuckets; b++)
+		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
+			if (k->slot != S_PRESENT || k->hidden || i >= cap)
+				continue;
+			d->names[i] = sbx_xstrdup(k->name);
+			d->sts[i] = k->st;
+			d->sts[i].st_nlink =
+				tree_visible_nlink(k, k->st.st_nlink);
+			d->nodes[i] = k;
+			i++;
+		}
+	d->n = i;
+	d->dir_ino = n->st.st_ino;
+}
+
+int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
+{
+	struct cfile *d;
+	int rc;
+
+	*out = NULL;
+	cache_lock(c);
+	if (!n->prefetched && !n->complete)
+		list_prefetch(c, n);
+	if (!listing_usable(c, n)) {
+		cache_unlock(c);
+		rc = relist(c, n);
+		if (rc < 0)
+			return rc;
+		cache_lock(c);
+	}
+	d = wb_file_new(n, O_RDONLY);
+	d->is_dir = true;
+	snapshot_listing(n, d);
+	cache_unlock(c);
+	*out = (struct sbx_file *)d;
+	return 0;
+}
+
+int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
+		 void *payload)
+{
+	bool plus = flags & SBX_READDIR_PLUS;
+
+	/* Cookies: 1 ".", 2 "..", then 3 + index. */
+	for (off_t i = off; i < (off_t)d->n + 2; i++) {
+		struct stat st;
+		struct sbx_node *node = NULL;
+		const char *name;
+
+		memset(&st, 0, sizeof(st));
+		if (i < 2) {
+			name = i == 0 ? "." : "..";
+			st.st_mode = S_IFDIR;
+			st.st_ino = i == 0 ? d->dir_ino : 1;
+		} else {
+			name = d->names[i - 2];
+			st = d->sts[i - 2];
+			if (plus)
+				node = (struct sbx_node *)d->nodes[i - 2];
+		}
+		if (cb(name, &st, node, i + 1, payload) != 0)
+			break;
+	}
+	return 0;
+}
+
+void list_closedir(struct cfile *d)
+{
+	for (size_t i = 0; i < d->n; i++)
+		free(d->names[i]);
+	free(d->names);
+	free(d->sts);
+	free(d->nodes);
+	pthread_mutex_destroy(&d->wlock);
+	free(d);
+}

@@ -1,0 +1,149 @@
+/*
+ * Unlink of open files; see cache_i.h.
+ *
+ * The sandbox cannot keep a file alive for descriptors open on this
+ * machine, so a file that is open here is renamed to a hidden name instead
+ * of being removed (NFS's "silly rename") and removed at its last RELEASE.
+ * Hidden names are never listed, their events never forwarded, and their
+ * link does not count in the link count the user sees.
+ *
+ * Open counts: `opens` counts open files (RELEASE not seen), `active` those
+ * whose FLUSH has not been seen since their last use.  An unlink of a file
+ * that is open but not active waits a little for the RELEASE that usually
+ * follows a close, rather than leave a hidden file behind.  A FLUSH alone
+ * does not mean the file is closed: a fork that exec's closes its copies of
+ * the parent's descriptors, and the parent's stay open.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+#include "cache_i.h"
+
+/* Wait up to RELEASE_WAIT_MS for n's last RELEASE.  c->lock held. */
+static void wait_released(struct cache *c, struct cnode *n)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += RELEASE_WAIT_MS * 1000000L;
+	until.tv_sec += until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	while (n->opens &&
+	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
+}
+
+/*
+ * Remove a silly-renamed file once nothing has it open.  c->lock held; it
+ * is dropped for the removal.
+ */
+static void unlink_hidden_locked(struct cache *c, struct cnode *n)
+{
+	struct sbx_node *in;
+	struct expect *e;
+	char *dir, *name;
+	int rc;
+
+	if (n->opens || !n->hidden || n->slot == S_ABSENT || !n->parent)
+		return;
+	dir = tree_path(n->parent);
+	name = sbx_xstrdup(n->name);
+	n->slot = S_ABSENT;
+	cache_unlock(c);
+	rc = dir ? cache_inner_node(c, dir, &in)
+		 : sbx_error_set(SBX_ERR_REMOTE, -ESTALE, "directory gone");
+	if (rc == 0) {
+		e = change_expect(c, n->parent, name);
+		rc = c->inner->ops->unlink(c->inner, in, name);
+		if (rc < 0)
+			change_expect_cancel(c, e);
+		c->inner->ops->forget(c->inner, in);
+	}
+	if (rc < 0) {
+		sbx_warn("could not remove %s/%s: %s", dir ? dir : "?", name,
+			 sbx_error_last()->msg);
+		sbx_error_clear();
+	}
+	free(dir);
+	free(name);
+	cache_lock(c);
+}
+
+int silly_rename(struct cache *c, struct cnode *dir, const char *name)
+{
+	struct expect *e1, *e2;
+	struct sbx_node *in;
+	struct cnode *k;
+	char *hidden, *dp;
+	int rc;
+
+	cache_lock(c);
+	k = tree_kid_find(dir, name);
+	if (k && k->opens && !k->active)
+		wait_released(c, k);
+	if (!k || k->slot == S_ABSENT || !k->opens || k->hidden ||
+	    (k->st.st_mode && !S_ISREG(k->st.st_mode))) {
+		cache_unlock(c);
+		return 0;
+	}
+	hidden = sbx_xasprintf(SILLY_PREFIX "%llu.%lu",
+			       (unsigned long long)k->st.st_ino,
+			       ++c->silly_seq);
+	dp = tree_path_of(dir);
+	cache_unlock(c);
+	if (!dp) {
+		free(hidden);
+		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				     "directory was replaced");
+	}
+	e1 = change_expect(c, dir, name);
+	e2 = change_expect(c, dir, hidden);
+	rc = cache_inner_node(c, dp, &in);
+	free(dp);
+	if (rc == 0) {
+		rc = c->inner->ops->rename(c->inner, in, name, in, hidden,
+					   RENAME_NOREPLACE);
+		c->inner->ops->forget(c->inner, in);
+	}
+	if (rc < 0) {
+		change_expect_cancel(c, e1);
+		change_expect_cancel(c, e2);
+		free(hidden);
+		return rc;
+	}
+	cache_lock(c);
+	tree_kid_move(k, dir, hidden);
+	k->hidden = true;
+	tree_kid_get(dir, name)->slot = S_ABSENT;
+	dir->st_valid = false;
+	/* Its link no longer counts, for this name and any other. */
+	tree_invalidate_file(k);
+	/* Closed meanwhile: nothing will remove it later. */
+	unlink_hidden_locked(c, k);
+	cache_unlock(c);
+	free(hidden);
+	return 1;
+}
+
+void silly_drop_open(struct cache *c, struct cfile *f)
+{
+	struct cnode *n = f->node;
+
+	cache_lock(c);
+	if (n->opens)
+		n->opens--;
+	if (!f->flushed && n->active)
+		n->active--;
+	f->flushed = true;
+	if (!n->opens)
+		pthread_cond_broadcast(&c->cond);
+	unlink_hidden_locked(c, n);
+	cache_unlock(c);
+}

@@ -1,0 +1,356 @@
+/*
+ * The node tree of the caching layer; see cache_i.h.
+ *
+ * Every path the daemon has seen is a `struct cnode` in a tree mirroring the
+ * sandbox (parent + name; the path is derived, so a rename through the mount
+ * moves a whole subtree at once).  A child slot is PRESENT (attributes
+ * cached, maybe stale), ABSENT (a negative entry) or UNKNOWN (a change was
+ * reported: ask again).  A directory whose listing is `complete` answers
+ * lookups of names it does not hold as ENOENT without asking.
+ *
+ * Hard links.  The daemon gives a multi-link file one kernel inode, but the
+ * tree has a node per name.  The names of one file are tied in a ring so
+ * that an operation on the inode can go through any name still present, and
+ * so that a change of one name's link count reaches the others.  Membership
+ * is explicit (in_ring, ring_ino): joining twice, joining under a new inode
+ * number, or leaving a ring never alone is a no-op or a clean move, never a
+ * second insertion (which once made the bucket chain a cycle).
+ *
+ * Every function here is called with c->lock held and does no I/O.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sbx/xmalloc.h"
+#include "cache_i.h"
+
+bool tree_is_silly(const char *name)
+{
+	return strncmp(name, SILLY_PREFIX, sizeof(SILLY_PREFIX) - 1) == 0;
+}
+
+/* ---- children ------------------------------------------------------------ */
+
+static size_t name_hash(const char *s, size_t nb)
+{
+	size_t h = 5381;
+
+	while (*s)
+		h = h * 33 + (unsigned char)*s++;
+	return h & (nb - 1);
+}
+
+struct cnode *tree_kid_find(struct cnode *dir, const char *name)
+{
+	struct cnode *k;
+
+	if (!dir->nbuckets)
+		return NULL;
+	for (k = dir->kids[name_hash(name, dir->nbuckets)]; k; k = k->hnext)
+		if (strcmp(k->name, name) == 0)
+			return k;
+	return NULL;
+}
+
+void tree_kid_link(struct cnode *dir, struct cnode *k)
+{
+	size_t h;
+
+	if (dir->nkids >= dir->nbuckets) {
+		size_t nb = dir->nbuckets ? dir->nbuckets * 2 : 16;
+		struct cnode **nk = sbx_xcalloc(nb, sizeof(*nk));
+
+		for (size_t i = 0; i < dir->nbuckets; i++) {
+			struct cnode *x = dir->kids[i], *next;
+
+			for (; x; x = next) {
+				next = x->hnext;
+				h = name_hash(x->name, nb);
+				x->hnext = nk[h];
+				nk[h] = x;
+			}
+		}
+		free(dir->kids);
+		dir->kids = nk;
+		dir->nbuckets = nb;
+	}
+	h = name_hash(k->name, dir->nbuckets);
+	k->hnext = dir->kids[h];
+	dir->kids[h] = k;
+	k->parent = dir;
+	dir->nkids++;
+}
+
+void tree_kid_unlink(struct cnode *dir, struct cnode *k)
+{
+	struct cnode **pp;
+
+	if (!dir->nbuckets)
+		return;
+	pp = &dir->kids[name_hash(k->name, dir->nbuckets)];
+	while (*pp && *pp != k)
+		pp = &(*pp)->hnext;
+	if (*pp) {
+		*pp = k->hnext;
+		dir->nkids--;
+	}
+	k->hnext = NULL;
+}
+
+void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name)
+{
+	if (k->parent)
+		tree_kid_unlink(k->parent, k);
+	free(k->name);
+	k->name = sbx_xstrdup(name);
+	tree_kid_link(dir, k);
+}
+
+struct cnode *tree_kid_get(struct cnode *dir, const char *name)
+{
+	struct cnode *k = tree_kid_find(dir, name);
+
+	if (!k) {
+		k = sbx_xcalloc(1, sizeof(*k));
+		k->name = sbx_xstrdup(name);
+		tree_kid_link(dir, k);
+	}
+	return k;
+}
+
+struct cnode *tree_resolve(struct cache *c, const char *path, bool create)
+{
+	struct cnode *n = &c->root;
+	const char *p = path;
+
+	while (n && *p) {
+		const char *slash = strchr(p, '/');
+		size_t len = slash ? (size_t)(slash - p) : strlen(p);
+
+		if (len) {
+			char *part = sbx_xstrndup(p, len);
+
+			n = create ? tree_kid_get(n, part)
+				   : tree_kid_find(n, part);
+			free(part);
+		}
+		p += len;
+		if (*p == '/')
+			p++;
+	}
+	return n;
+}
+
+/* ---- paths --------------------------------------------------------------- */
+
+char *tree_path(const struct cnode *n)
+{
+	size_t len = 0, pos;
+	const struct cnode *x;
+	char *p;
+
+	for (x = n; x->parent; x = x->parent) {
+		if (x->orphan)
+			return NULL;
+		len += strlen(x->name) + 1;
+	}
+	/* The top is the root, or the head of a detached subtree. */
+	if (x->orphan || x->name)
+		return NULL;
+	p = sbx_xmalloc(len + 1);
+	pos = len;
+	p[pos] = '\0';
+	for (x = n; x->parent; x = x->parent) {
+		size_t l = strlen(x->name);
+
+		pos -= l;
+		memcpy(p + pos, x->name, l);
+		if (pos > 0)
+			p[--pos] = '/';
+	}
+	/* The loop leaves one leading separator slot for nested paths. */
+	if (len > 0 && p[0] == '/')
+		memmove(p, p + 1, len);
+	return p;
+}
+
+char *tree_path_of(const struct cnode *n)
+{
+	char *p;
+
+	if (n->slot != S_ABSENT && (p = tree_path(n)))
+		return p;
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next)
+			if (a->slot != S_ABSENT && (p = tree_path(a)))
+				return p;
+	return tree_path(n);
+}
+
+char *tree_child_path(const struct cnode *dir, const char *name)
+{
+	char *dp = tree_path_of(dir), *p;
+
+	if (!dp)
+		return NULL;
+	p = *dp ? sbx_xasprintf("%s/%s", dp, name) : sbx_xstrdup(name);
+	free(dp);
+	return p;
+}
+
+/* ---- hard-link rings ----------------------------------------------------- */
+
+static struct cnode **ring_bucket(struct cache *c, ino_t ino)
+{
+	return &c->rings[ino & (RING_BUCKETS - 1)];
+}
+
+void tree_ring_leave(struct cache *c, struct cnode *n)
+{
+	struct cnode **pp;
+
+	if (!n->in_ring)
+		return;
+	for (pp = ring_bucket(c, n->ring_ino); *pp && *pp != n;
+	     pp = &(*pp)->ring_hnext)
+		;
+	if (*pp) {
+		/* n was the head: another member takes its place. */
+		if (n->ring_next != n) {
+			n->ring_next->ring_hnext = n->ring_hnext;
+			*pp = n->ring_next;
+		} else {
+			*pp = n->ring_hnext;
+		}
+	}
+	n->ring_next->ring_prev = n->ring_prev;
+	n->ring_prev->ring_next = n->ring_next;
+	n->ring_next = n->ring_prev = NULL;
+	n->ring_hnext = NULL;
+	n->in_ring = false;
+}
+
+/* Tie n to the other names of inode `ino` (n's attributes say nlink > 1). */
+static void ring_join(struct cache *c, struct cnode *n, ino_t ino)
+{
+	struct cnode **bucket, *head;
+
+	if (n->in_ring) {
+		if (n->ring_ino == ino)
+			return;
+		tree_ring_leave(c, n);
+	}
+	bucket = ring_bucket(c, ino);
+	for (head = *bucket; head && head->ring_ino != ino;
+	     head = head->ring_hnext)
+		;
+	n->in_ring = true;
+	n->ring_ino = ino;
+	if (!head) {
+		n->ring_next = n->ring_prev = n;
+		n->ring_hnext = *bucket;
+		*bucket = n;
+		return;
+	}
+	n->ring_hnext = NULL;
+	n->ring_next = head->ring_next;
+	n->ring_prev = head;
+	head->ring_next->ring_prev = n;
+	head->ring_next = n;
+}
+
+void tree_invalidate_file(struct cnode *n)
+{
+	n->st_valid = false;
+	if (n->in_ring)
+		for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
+			a->st_valid = false;
+}
+
+nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
+{
+	unsigned hidden = n->hidden && n->slot != S_ABSENT;
+
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next)
+			if (a->hidden && a->slot != S_ABSENT)
+				hidden++;
+	return nlink > hidden ? nlink - hidden : 0;
+}
+
+/* ---- attributes ---------------------------------------------------------- */
+
+void tree_set_st(struct cache *c, struct cnode *n, const struct stat *st)
+{
+	/* A changed identity or type means another object: drop caches. */
+	if (n->st_valid && (n->st.st_ino != st->st_ino ||
+			    (n->st.st_mode & S_IFMT) != (st->st_mode & S_IFMT))) {
+		free(n->link);
+		n->link = NULL;
+		n->complete = false;
+	}
+	n->st = *st;
+	n->st_valid = true;
+	n->st_time = cache_now();
+	n->slot = S_PRESENT;
+	if (S_ISREG(st->st_mode) && st->st_nlink > 1)
+		ring_join(c, n, st->st_ino);
+	else if (n->in_ring && (n->ring_ino != st->st_ino ||
+				!S_ISREG(st->st_mode)))
+		tree_ring_leave(c, n);
+	/*
+	 * With nlink 1 under the same number n stays in its ring: the other
+	 * members may be hidden names (silly renames) still counted by the
+	 * sandbox, or names whose removal the change stream has yet to say.
+	 */
+}
+
+void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
+{
+	enum slot was = n->slot;
+
+	tree_set_st(c, n, st);
+	if (was == S_ABSENT)
+		n->slot = S_ABSENT;
+}
+
+/* ---- whole tree ---------------------------------------------------------- */
+
+void tree_forget_all(struct cnode *n)
+{
+	n->st_valid = false;
+	n->complete = false;
+	n->prefetched = false;
+	free(n->link);
+	n->link = NULL;
+	for (size_t b = 0; b < n->nbuckets; b++)
+		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
+			if (k->slot == S_ABSENT)
+				k->slot = S_UNKNOWN;
+			tree_forget_all(k);
+		}
+}
+
+void tree_free(struct cache *c, struct cnode *n)
+{
+	for (size_t b = 0; b < n->nbuckets; b++) {
+		struct cnode *k = n->kids[b], *next;
+
+		for (; k; k = next) {
+			next = k->hnext;
+			tree_free(c, k);
+			free(k->name);
+			free(k);
+		}
+	}
+	free(n->kids);
+	n->kids = NULL;
+	n->nbuckets = n->nkids = 0;
+	content_drop(c, n);
+	free(n->link);
+	n->link = NULL;
+}

@@ -1,0 +1,433 @@
+/*
+ * Open files and their write-back buffers; see cache_i.h.
+ *
+ * Each open file buffers one contiguous extent of writes (sequential
+ * writes of a file being saved or generated become one request).  The
+ * extent is pushed to the sandbox on close (FLUSH), fsync, RELEASE, when a
+ * write does not continue it or would overflow it, before anything that
+ * must see the file's real size (getattr, read, setattr), at the exec
+ * barrier (syncfs), and at the latest CACHE_WB_EXPIRE after its first byte
+ * by the flusher thread -- so a daemon killed with -9 loses at most about a
+ * second of acknowledged writes, as a kernel page cache would lose its
+ * dirty pages.
+ *
+ * Errors stay with the data.  A push that fails, whoever asked for it (a
+ * stat of another process, a child's close of an inherited descriptor,
+ * the flusher), keeps the unpushed bytes in the buffer: the next push
+ * retries them, and the owner's fsync() or close() reports the error if it
+ * still fails.  Only the final RELEASE, after the owner's close() has
+ * already been told through FLUSH, drops bytes that cannot be pushed (and
+ * logs it).  A file is on c->dirty from its first buffered byte until a
+ * push has delivered everything, including while a push is in flight, so
+ * that wb_push_node() waits for in-flight pushes (through wlock) and never
+ * lets a getattr read the sandbox's size before the data is there.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sbx/log.h"
+#include "sbx/xmalloc.h"
+#include "cache_i.h"
+
+struct cfile *wb_file_new(struct cnode *n, int flags)
+{
+	struct cfile *f = sbx_xcalloc(1, sizeof(*f));
+
+	f->node = n;
+	f->flags = flags;
+	f->refs = 1;
+	pthread_mutex_init(&f->wlock, NULL);
+	return f;
+}
+
+void wb_file_get(struct cfile *f)
+{
+	f->refs++;
+}
+
+void wb_file_put(struct cache *c, struct cfile *f)
+{
+	bool last;
+
+	cache_lock(c);
+	last = --f->refs == 0;
+	cache_unlock(c);
+	if (!last)
+		return;
+	free(f->buf);
+	pthread_mutex_destroy(&f->wlock);
+	free(f);
+}
+
+int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io)
+{
+	struct sbx_open_result res;
+	char *path;
+	int rc;
+
+	io->node = NULL;
+	io->fh = NULL;
+	cache_lock(c);
+	path = tree_path_of(f->node);
+	cache_unlock(c);
+	if (!path)
+		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				     "file was replaced while open");
+	rc = cache_inner_node(c, path, &io->node);
+	free(path);
+	if (rc < 0)
+		return rc;
+	memset(&res, 0, sizeof(res));
+	rc = c->inner->ops->open(c->inner, io->node,
+				 f->flags & ~(O_CREAT | O_EXCL | O_TRUNC),
+				 &res);
+	if (rc < 0) {
+		c->inner->ops->forget(c->inner, io->node);
+		io->node = NULL;
+		return rc;
+	}
+	io->fh = res.fh;
+	return 0;
+}
+
+void wb_io_end(struct cache *c, struct cache_io *io)
+{
+	if (io->fh)
+		(void)c->inner->ops->release(c->inner, io->fh);
+	if (io->node)
+		c->inner->ops->forget(c->inner, io->node);
+	io->fh = NULL;
+	io->node = NULL;
+}
+
+/* c->lock held. */
+static void dirty_add(struct cache *c, struct cfile *f)
+{
+	if (f->on_dirty)
+		return;
+	f->dnext = c->dirty;
+	f->dprev = NULL;
+	if (c->dirty)
+		c->dirty->dprev = f;
+	c->dirty = f;
+	f->on_dirty = true;
+	f->dirty_since = cache_now();
+	f->node->dirty++;
+}
+
+/* c->lock held. */
+static void dirty_del(struct cache *c, struct cfile *f)
+{
+	if (!f->on_dirty)
+		return;
+	if (f->dprev)
+		f->dprev->dnext = f->dnext;
+	else
+		c->dirty = f->dnext;
+	if (f->dnext)
+		f->dnext->dprev = f->dprev;
+	f->dnext = f->dprev = NULL;
+	f->on_dirty = false;
+	f->node->dirty--;
+}
+
+/* The sandbox's file changed under the node: cached views are old. */
+static void written(struct cache *c, struct cnode *n)
+{
+	tree_invalidate_file(n);
+	content_drop(c, n);
+}
+
+/* Push f's buffer.  Caller holds f->wlock. */
+static int push_locked(struct cache *c, struct cfile *f)
+{
+	struct cache_io io;
+	char *buf;
+	size_t len, done = 0;
+	off_t off;
+	int rc;
+
+	cache_lock(c);
+	buf = f->buf;
+	len = f->buf_len;
+	off = f->buf_off;
+	if (len) {
+		/* Taken out; the file stays on c->dirty until delivered. */
+		f->buf = NULL;
+		f->buf_len = 0;
+	}
+	cache_unlock(c);
+	if (!len)
+		return 0;
+	rc = wb_io_begin(c, f, &io);
+	while (rc == 0 && done < len) {
+		ssize_t n = c->inner->ops->write(c->inner, io.fh, buf + done,
+						 len - done,
+						 off + (off_t)done);
+
+		if (n < 0)
+			rc = (int)n;
+		else if (n == 0)
+			rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
+					   "short write to the sandbox");
+		else
+			done += (size_t)n;
+	}
+	wb_io_end(c, &io);
+	cache_lock(c);
+	if (done)
+		written(c, f->node);
+	if (done == len) {
+		free(buf);
+		dirty_del(c, f);
+	} else {
+		/*
+		 * Keep what did not get through; no write can have been
+		 * buffered meanwhile (the caller holds wlock).  Retried by the
+		 * next push; the flusher waits a full expiry first.
+		 */
+		memmove(buf, buf + done, len - done);
+		f->buf = buf;
+		f->buf_len = len - done;
+		f->buf_off = off + (off_t)done;
+		f->dirty_since = cache_now();
+	}
+	cache_unlock(c);
+	return rc;
+}
+
+int wb_push(struct cache *c, struct cfile *f)
+{
+	int rc;
+
+	pthread_mutex_lock(&f->wlock);
+	rc = push_locked(c, f);
+	pthread_mutex_unlock(&f->wlock);
+	return rc;
+}
+
+/*
+ * Take a reference to every dirty file of n (every file when n is NULL)
+ * and push them one by one.  Returns the first error; every file is tried.
+ */
+static int push_matching(struct cache *c, struct cnode *n)
+{
+	struct cfile **fs = NULL;
+	size_t nf = 0, cap = 0;
+	int rc = 0;
+
+	cache_lock(c);
+	for (struct cfile *f = c->dirty; f; f = f->dnext) {
+		if (n && f->node != n)
+			continue;
+		if (nf == cap) {
+			cap = cap ? cap * 2 : 8;
+			fs = sbx_xrealloc(fs, cap * sizeof(*fs));
+		}
+		wb_file_get(f);
+		fs[nf++] = f;
+	}
+	cache_unlock(c);
+	for (size_t i = 0; i < nf; i++) {
+		int r = wb_push(c, fs[i]);
+
+		if (r < 0 && rc == 0)
+			rc = r;
+		wb_file_put(c, fs[i]);
+	}
+	free(fs);
+	return rc;
+}
+
+int wb_push_node(struct cache *c, struct cnode *n)
+{
+	return push_matching(c, n);
+}
+
+int wb_push_all(struct cache *c)
+{
+	return push_matching(c, NULL);
+}
+
+ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
+		 size_t size, off_t off)
+{
+	ssize_t ret = (ssize_t)size;
+	int rc;
+
+	pthread_mutex_lock(&f->wlock);
+	/* Appends must land at the real end: do not reorder them. */
+	if (f->flags & O_APPEND) {
+		struct cache_io io;
+
+		rc = push_locked(c, f);
+		if (rc == 0)
+			rc = wb_io_begin(c, f, &io);
+		ret = rc < 0 ? rc
+			     : c->inner->ops->write(c->inner, io.fh, data,
+						    size, off);
+		if (rc == 0)
+			wb_io_end(c, &io);
+		cache_lock(c);
+		written(c, f->node);
+		cache_unlock(c);
+		goto out;
+	}
+	if (f->buf_len &&
+	    (off != f->buf_off + (off_t)f->buf_len ||
+	     f->buf_len + size > CACHE_WRITE_BUF)) {
+		rc = push_locked(c, f);
+		if (rc < 0) {
+			ret = rc;
+			goto out;
+		}
+	}
+	cache_lock(c);
+	if (!f->buf_len) {
+		free(f->buf);
+		f->buf = sbx_xmalloc(CACHE_WRITE_BUF > size ? CACHE_WRITE_BUF
+							    : size);
+		f->buf_off = off;
+		dirty_add(c, f);
+	}
+	memcpy(f->buf + f->buf_len, data, size);
+	f->buf_len += size;
+	content_drop(c, f->node);
+	cache_unlock(c);
+out:
+	pthread_mutex_unlock(&f->wlock);
+	return ret;
+}
+
+int wb_release(struct cache *c, struct cfile *f)
+{
+	int rc = wb_push(c, f);
+
+	if (rc < 0) {
+		/*
+		 * The owner's close() was told through FLUSH; nobody is left
+		 * to tell now.  Say it in the log rather than keep retrying
+		 * for a file no one has open.
+		 */
+		pthread_mutex_lock(&f->wlock);
+		cache_lock(c);
+		if (f->buf_len) {
+			char *p = tree_path_of(f->node);
+
+			sbx_warn("dropping %zu unwritten bytes of '%s' at its "
+				 "last close: %s",
+				 f->buf_len, p ? p : "?",
+				 sbx_error_last()->msg);
+			free(p);
+			free(f->buf);
+			f->buf = NULL;
+			f->buf_len = 0;
+			dirty_del(c, f);
+			written(c, f->node);
+		}
+		cache_unlock(c);
+		pthread_mutex_unlock(&f->wlock);
+	}
+	silly_drop_open(c, f);
+	cache_lock(c);
+	f->released = true;
+	cache_unlock(c);
+	wb_file_put(c, f);
+	return rc;
+}
+
+/* ---- the flusher --------------------------------------------------------- */
+
+static void deadline_in(struct timespec *ts, long ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_nsec += ms * 1000000L;
+	ts->tv_sec += ts->tv_nsec / 1000000000L;
+	ts->tv_nsec %= 1000000000L;
+}
+
+static void *flusher_main(void *arg)
+{
+	struct cache *c = arg;
+	bool warned = false;
+
+	cache_lock(c);
+	while (!c->stopping) {
+		struct timespec until;
+		struct cfile **due = NULL;
+		size_t n = 0, cap = 0;
+		double t;
+
+		deadline_in(&until, CACHE_WB_TICK_MS);
+		pthread_cond_timedwait(&c->flusher_cond, &c->lock, &until);
+		if (c->stopping)
+			break;
+		t = cache_now();
+		for (struct cfile *f = c->dirty; f; f = f->dnext) {
+			if (t - f->dirty_since < CACHE_WB_EXPIRE)
+				continue;
+			if (n == cap) {
+				cap = cap ? cap * 2 : 8;
+				due = sbx_xrealloc(due, cap * sizeof(*due));
+			}
+			wb_file_get(f);
+			due[n++] = f;
+		}
+		cache_unlock(c);
+		for (size_t i = 0; i < n; i++) {
+			int rc = wb_push(c, due[i]);
+
+			if (rc < 0) {
+				/* Kept and retried; the owner will be told. */
+				if (!warned)
+					sbx_warn("write-back failed, will "
+						 "retry: %s",
+						 sbx_error_last()->msg);
+				warned = true;
+				sbx_error_clear();
+			} else if (rc == 0 && warned) {
+				sbx_info("write-back works again");
+				warned = false;
+			}
+			wb_file_put(c, due[i]);
+		}
+		free(due);
+		cache_lock(c);
+	}
+	cache_unlock(c);
+	return NULL;
+}
+
+int wb_start_flusher(struct cache *c)
+{
+	pthread_condattr_t ca;
+	int rc;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->flusher_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	rc = pthread_create(&c->flusher, NULL, flusher_main, c);
+	if (rc != 0)
+		return sbx_error_set(SBX_ERR_OS, -rc,
+				     "cannot start the write-back thread");
+	c->flusher_running = true;
+	return 0;
+}
+
+void wb_stop_flusher(struct cache *c)
+{
+	if (!c->flusher_running)
+		return;
+	cache_lock(c);
+	c->stopping = true;
+	pthread_cond_broadcast(&c->flusher_cond);
+	cache_unlock(c);
+	pthread_join(c->flusher, NULL);
+	c->flusher_running = false;
+}
