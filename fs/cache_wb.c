@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -309,6 +310,11 @@ int wb_release(struct cache *c, struct cfile *f)
 	int rc = wb_push(c, f);
 
 	if (rc < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s",
+			 *sbx_error_last()->msg ? sbx_error_last()->msg
+						: strerror(-rc));
 		/*
 		 * The owner's close() was told through FLUSH; nobody is left
 		 * to tell now.  Say it in the log rather than keep retrying
@@ -321,8 +327,7 @@ int wb_release(struct cache *c, struct cfile *f)
 
 			sbx_warn("dropping %zu unwritten bytes of '%s' at its "
 				 "last close: %s",
-				 f->buf_len, p ? p : "?",
-				 sbx_error_last()->msg);
+				 f->buf_len, p ? p : "?", why);
 			free(p);
 			free(f->buf);
 			f->buf = NULL;

@@ -1,0 +1,1270 @@
+/*
+ * The caching layer (fs/cache.c) over the in-memory sandbox
+ * (providers/mem), driven through its ops table the way the FUSE daemon
+ * drives it: lookup before every name operation, create/open hand out the
+ * per-open handle, close is flush + release, O_TRUNC on open arrives as a
+ * setattr(size=0).  Inner calls are counted by the provider, changes
+ * "behind the mount" are pmem_ext_*(), and the provider's gate makes races
+ * happen in a chosen order.
+ *
+ * Two groups:
+ *  - behaviour the cache has (caching, negative entries, listings,
+ *    write-back on close, renames, invalidation by the change stream);
+ *  - regressions for known defects ("REGRESSION" below), which fail or
+ *    hang on a cache that has them.  Anything that could hang runs in a
+ *    worker thread bounded by WATCHDOG_S: a hang is reported as a failure
+ *    of that test (the stuck thread and its cache are leaked on purpose,
+ *    the other tests go on).  A process-wide alarm is the last resort.
+ *    Checks inside worker threads use CHECK (cmocka's asserts must not
+ *    run outside the test's thread).
+ *
+ * SBX_TEST_FILTER=<glob> runs only the matching tests.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sbx/provider.h"
+#include "../../fs/cache.h"
+#include "../../providers/mem/pmem.h"
+
+/* A bounded section that has not finished by then is a hang. */
+#define WATCHDOG_S 5
+/* The whole binary: past this, something hung outside a bounded section. */
+#define GLOBAL_WATCHDOG_S 28
+/* Run only the tests whose names match this glob (cmocka's filter). */
+#define FILTER_ENV "SBX_TEST_FILTER"
+
+struct env {
+	struct sbx_sandbox *mem;   /* the wrapped sandbox */
+	struct sbx_sandbox *cache; /* what the daemon would use */
+	const struct sbx_sandbox_ops *ops; /* cache->ops */
+	struct sbx_node *root;
+	bool hung;                 /* a worker is stuck in it: leak */
+};
+
+/* ---- forwarded changes --------------------------------------------------- */
+
+#define MAX_FWD 256
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	int kind[MAX_FWD];
+	ino_t dir_ino[MAX_FWD];
+	ino_t ino[MAX_FWD];
+	char name[MAX_FWD][64];
+} fwd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_forward(const struct sbx_change *c, void *payload)
+{
+	pthread_mutex_lock(&fwd.lock);
+	if (fwd.n < MAX_FWD) {
+		fwd.kind[fwd.n] = c->kind;
+		fwd.dir_ino[fwd.n] = c->dir_ino;
+		fwd.ino[fwd.n] = c->ino;
+		snprintf(fwd.name[fwd.n], 64, "%s", c->name ? c->name : "");
+		fwd.n++;
+	}
+	pthread_mutex_unlock(&fwd.lock);
+}
+
+static void fwd_reset(void)
+{
+	pthread_mutex_lock(&fwd.lock);
+	fwd.n = 0;
+	pthread_mutex_unlock(&fwd.lock);
+}
+
+/* Index of a forwarded change of `kind` (name or ino may be 0/NULL). */
+static int fwd_find(int kind, const char *name, ino_t ino)
+{
+	int found = -1;
+
+	pthread_mutex_lock(&fwd.lock);
+	for (int i = 0; i < fwd.n && found < 0; i++)
+		if (fwd.kind[i] == kind &&
+		    (!name || strcmp(fwd.name[i], name) == 0) &&
+		    (!ino || fwd.ino[i] == ino))
+			found = i;
+	pthread_mutex_unlock(&fwd.lock);
+	return found;
+}
+
+/* ---- leaks of hung tests ------------------------------------------------- */
+
+/* Objects a stuck thread may still use: never freed, but reachable. */
+static void *leaked[64];
+static int nleaked;
+
+static void leak(void *p)
+{
+	if (nleaked < (int)(sizeof(leaked) / sizeof(leaked[0])))
+		leaked[nleaked++] = p;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+
+	assert_non_null(e);
+	assert_int_equal(pmem_new(&e->mem, NULL), 0);
+	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
+	e->ops = e->cache->ops;
+	e->root = e->ops->root(e->cache);
+	fwd_reset();
+	assert_int_equal(e->ops->watch_start(e->cache, on_forward, NULL), 0);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+
+	if (e->hung) {
+		leak(e);
+		leak(e->cache);
+		leak(e->mem);
+		return 0;
+	}
+	sbx_sandbox_free(e->cache);
+	sbx_sandbox_free(e->mem);
+	free(e);
+	return 0;
+}
+
+/* Apply every change made so far (the exec barrier), then count afresh. */
+static void settle(struct env *e)
+{
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	pmem_calls_reset(e->mem);
+}
+
+/* Inner calls that fetch metadata. */
+static unsigned long fetches(struct env *e)
+{
+	return pmem_calls(e->mem, "getattr") + pmem_calls(e->mem, "lookup") +
+	       pmem_calls(e->mem, "bulk") + pmem_calls(e->mem, "readdir");
+}
+
+static void fill(char *buf, size_t len, int seed)
+{
+	for (size_t i = 0; i < len; i++)
+		buf[i] = (char)('a' + (i * 7 + (size_t)seed) % 26);
+}
+
+/* What the sandbox holds at path equals data[len]. */
+static bool holds(struct env *e, const char *path, const void *data,
+		  size_t len)
+{
+	char *buf = malloc(len + 1);
+	size_t got = 0;
+	bool ok;
+
+	ok = buf && pmem_ext_read(e->mem, path, buf, len + 1, &got) == 0 &&
+	     got == len && memcmp(buf, data, len) == 0;
+	free(buf);
+	return ok;
+}
+
+/* ---- the daemon's sequences ---------------------------------------------- */
+
+/* unlink(2) of root/name: the kernel looks the name up first. */
+static int k_unlink(struct env *e, const char *name)
+{
+	struct sbx_node *n;
+	struct stat st;
+	int rc = e->ops->lookup(e->cache, e->root, name, &n, &st);
+
+	if (rc < 0)
+		return rc;
+	e->ops->forget(e->cache, n);
+	return e->ops->unlink(e->cache, e->root, name);
+}
+
+/* open(2) with O_CREAT of a name the kernel found missing. */
+static int k_create(struct env *e, const char *name, int flags,
+		    struct sbx_node **node, struct sbx_file **fh)
+{
+	struct sbx_open_result res;
+	struct stat st;
+	int rc = e->ops->lookup(e->cache, e->root, name, node, &st);
+
+	if (rc == 0)
+		return -EEXIST;
+	if (rc != -ENOENT)
+		return rc;
+	rc = e->ops->create(e->cache, e->root, name, 0644,
+			    O_CREAT | O_WRONLY | flags, node, &st, &res);
+	*fh = rc == 0 ? res.fh : NULL;
+	return rc;
+}
+
+/* open(2) of an existing file; O_TRUNC becomes a setattr (no
+ * atomic_o_trunc), which the kernel sends with the new handle. */
+static int k_open(struct env *e, struct sbx_node *node, int flags,
+		  struct sbx_file **fh)
+{
+	struct sbx_open_result res;
+	struct stat in, out;
+	int rc = e->ops->open(e->cache, node, flags & ~O_TRUNC, &res);
+
+	*fh = NULL;
+	if (rc < 0)
+		return rc;
+	*fh = res.fh;
+	if (flags & O_TRUNC) {
+		memset(&in, 0, sizeof(in));
+		rc = e->ops->setattr(e->cache, node, *fh, &in, SBX_SET_SIZE,
+				     &out);
+	}
+	return rc;
+}
+
+/* close(2) of the last descriptor: FLUSH, then RELEASE. */
+static int k_close(struct env *e, struct sbx_file *fh)
+{
+	int rc = e->ops->flush(e->cache, fh);
+	int r = e->ops->release(e->cache, fh);
+
+	return rc < 0 ? rc : r;
+}
+
+/* ---- bounded sections ---------------------------------------------------- */
+
+/* A test body run in a worker thread; err[0] != 0 is a failure. */
+struct body {
+	struct env *e;
+	char err[512];
+	void *arg;
+	/* Bookkeeping of run_bounded. */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	void *(*fn)(struct body *b);
+};
+
+#define CHECK(b, cond, ...)                                                    \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			snprintf((b)->err, sizeof((b)->err), __VA_ARGS__);     \
+			return NULL;                                           \
+		}                                                              \
+	} while (0)
+
+static void *body_main(void *arg)
+{
+	struct body *b = arg;
+
+	b->fn(b);
+	pthread_mutex_lock(&b->lock);
+	b->done = true;
+	pthread_cond_broadcast(&b->cond);
+	pthread_mutex_unlock(&b->lock);
+	return NULL;
+}
+
+/*
+ * Run fn in a worker for at most WATCHDOG_S seconds, then fail the test
+ * with what it reported, or "hung" naming `what`.
+ */
+static void run_bounded(struct env *e, void *(*fn)(struct body *b), void *arg,
+			const char *what)
+{
+	struct body *b = calloc(1, sizeof(*b));
+	struct timespec until;
+	pthread_t t;
+	bool done;
+
+	assert_non_null(b);
+	b->e = e;
+	b->fn = fn;
+	b->arg = arg;
+	pthread_mutex_init(&b->lock, NULL);
+	pthread_cond_init(&b->cond, NULL);
+	assert_int_equal(pthread_create(&t, NULL, body_main, b), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	pthread_mutex_lock(&b->lock);
+	while (!b->done &&
+	       pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
+		;
+	done = b->done;
+	pthread_mutex_unlock(&b->lock);
+	if (!done) {
+		/* Stuck (a loop, a lost wake-up): leave it, fail loudly. */
+		pthread_detach(t);
+		leak(b);
+		e->hung = true;
+		fail_msg("HANG: %s did not finish within %d s", what,
+			 WATCHDOG_S);
+	}
+	pthread_join(t, NULL);
+	if (b->err[0]) {
+		char msg[600];
+
+		snprintf(msg, sizeof(msg), "%s: %s", what, b->err);
+		free(b);
+		fail_msg("%s", msg);
+	}
+	free(b);
+}
+
+static void on_global_alarm(int sig)
+{
+	static const char msg[] =
+		"test_cache: WATCHDOG: the run hung outside a bounded "
+		"section (see the last test started)\n";
+
+	(void)sig;
+	if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {
+		/* nothing left to report it with */
+	}
+	_exit(1);
+}
+
+/* ==== behaviour =========================================================== */
+
+static void test_lookup_getattr_cached(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n, *n2;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "hello", 5), 0);
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	settle(e);
+
+	/* The first look into a directory walks it in one bulk call. */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
+	assert_int_equal(st.st_size, 5);
+	assert_true(S_ISREG(st.st_mode));
+	assert_int_equal(pmem_calls(e->mem, "bulk"), 1);
+	pmem_calls_reset(e->mem);
+
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n2, &st), 0);
+	assert_ptr_equal(n, n2);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_size, 5);
+	assert_int_equal(fetches(e), 0);
+	assert_int_equal(pmem_calls(e->mem, "node_at"), 0);
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, n2);
+}
+
+static void test_getattr_cached_without_prefetch(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	unsigned long f0;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "hello", 5), 0);
+	settle(e);
+	/* No bulk walk: every name is fetched on its own, once. */
+	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
+	f0 = fetches(e);
+	assert_true(f0 >= 2); /* the failed walk, then the name itself */
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_size, 5);
+	assert_int_equal(fetches(e), f0);
+	e->ops->forget(e->cache, n);
+}
+
+static void test_negative_entries(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	unsigned long f0;
+	struct stat st;
+	int i;
+
+	settle(e);
+	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "nope", &n, &st),
+			 -ENOENT);
+	f0 = fetches(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "nope", &n, &st),
+			 -ENOENT);
+	assert_int_equal(fetches(e), f0);
+
+	/* Created behind the mount: the negative entry goes. */
+	assert_int_equal(pmem_ext_write(e->mem, "nope", "x", 1), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	i = fwd_find(SBX_CHANGE_ENTRY, "nope", 0);
+	assert_true(i >= 0);
+	assert_int_equal(fwd.dir_ino[i], 1); /* the root's identity */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "nope", &n, &st),
+			 0);
+	assert_int_equal(st.st_size, 1);
+	e->ops->forget(e->cache, n);
+}
+
+static void test_complete_listing_answers_enoent(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "a", "", 0), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &n, &st), 0);
+	e->ops->forget(e->cache, n);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "zz", &n, &st),
+			 -ENOENT);
+	assert_int_equal(fetches(e), 0);
+}
+
+struct names {
+	int n;
+	char name[16][32];
+	int nodes;
+};
+
+static int collect(const char *name, const struct stat *st,
+		   struct sbx_node *node, off_t next, void *payload)
+{
+	struct names *l = payload;
+
+	if (l->n >= 16)
+		return 1;
+	snprintf(l->name[l->n++], 32, "%s", name);
+	if (node)
+		l->nodes++;
+	return 0;
+}
+
+static bool listed(const struct names *l, const char *name)
+{
+	for (int i = 0; i < l->n; i++)
+		if (strcmp(l->name[i], name) == 0)
+			return true;
+	return false;
+}
+
+static void list_root(struct env *e, struct names *l)
+{
+	struct sbx_file *dh;
+
+	memset(l, 0, sizeof(*l));
+	assert_int_equal(e->ops->opendir(e->cache, e->root, &dh), 0);
+	assert_int_equal(e->ops->readdir(e->cache, dh, 0, SBX_READDIR_PLUS,
+					 collect, l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, dh), 0);
+}
+
+static void test_readdir_listing(void **state)
+{
+	struct env *e = *state;
+	struct names l;
+
+	assert_int_equal(pmem_ext_write(e->mem, "a", "1", 1), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "b", "22", 2), 0);
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	settle(e);
+
+	list_root(e, &l);
+	assert_int_equal(l.n, 5);
+	assert_true(listed(&l, ".") && listed(&l, ".."));
+	assert_true(listed(&l, "a") && listed(&l, "b") && listed(&l, "d"));
+	assert_int_equal(l.nodes, 3);
+	pmem_calls_reset(e->mem);
+
+	/* Served from the cache the second time. */
+	list_root(e, &l);
+	assert_int_equal(l.n, 5);
+	assert_int_equal(fetches(e), 0);
+	assert_int_equal(pmem_calls(e->mem, "opendir"), 0);
+
+	/* A name removed behind the mount is gone after the barrier. */
+	assert_int_equal(pmem_ext_unlink(e->mem, "b"), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	list_root(e, &l);
+	assert_int_equal(l.n, 4);
+	assert_false(listed(&l, "b"));
+}
+
+static void test_write_flush_release(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	char data[4096];
+	struct stat st;
+
+	settle(e);
+	fill(data, sizeof(data), 1);
+	assert_int_equal(k_create(e, "new", O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, data, 1000, 0), 1000);
+	assert_int_equal(e->ops->write(e->cache, fh, data + 1000,
+				       sizeof(data) - 1000, 1000),
+			 (ssize_t)(sizeof(data) - 1000));
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_true(holds(e, "new", data, sizeof(data)));
+	assert_true(pmem_calls(e->mem, "write") >= 1);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	assert_true(holds(e, "new", data, sizeof(data)));
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_size, sizeof(data));
+}
+
+static void test_read_through_cache(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_write(e->mem, "r", "content", 7), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "r", &n, &st), 0);
+	assert_int_equal(k_open(e, n, O_RDONLY, &fh), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 7);
+	assert_memory_equal(buf, "content", 7);
+	assert_int_equal(k_close(e, fh), 0);
+	/* Small files came with the bulk walk: no read went out. */
+	assert_int_equal(pmem_calls(e->mem, "read"), 0);
+
+	/* Changed behind the mount: the cached content is not served. */
+	assert_int_equal(pmem_ext_write(e->mem, "r", "CHANGED!", 8), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	assert_int_equal(k_open(e, n, O_RDONLY, &fh), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 8);
+	assert_memory_equal(buf, "CHANGED!", 8);
+	assert_int_equal(k_close(e, fh), 0);
+}
+
+static void test_rename_through_cache(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
+	struct stat sa, st;
+	char buf[8];
+
+	assert_int_equal(pmem_ext_write(e->mem, "a", "AAA", 3), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &a, &sa), 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &b, &st),
+			 -ENOENT);
+	assert_int_equal(e->ops->rename(e->cache, e->root, "a", e->root, "b",
+					0),
+			 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "b", &st), 0);
+	assert_int_equal(st.st_ino, sa.st_ino);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &b, &st),
+			 -ENOENT);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &b, &st), 0);
+	assert_int_equal(st.st_ino, sa.st_ino);
+	assert_int_equal(k_open(e, b, O_RDONLY, &fh), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 3);
+	assert_memory_equal(buf, "AAA", 3);
+	assert_int_equal(k_close(e, fh), 0);
+	/* Our own rename's events are expected, not treated as news. */
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &b, &st),
+			 -ENOENT);
+	assert_int_equal(fetches(e), 0);
+
+	/* RENAME_NOREPLACE refuses an existing target. */
+	assert_int_equal(pmem_ext_write(e->mem, "c", "", 0), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	assert_int_equal(e->ops->rename(e->cache, e->root, "b", e->root, "c",
+					RENAME_NOREPLACE),
+			 -EEXIST);
+	assert_int_equal(e->ops->rename(e->cache, e->root, "b", e->root, "c",
+					RENAME_EXCHANGE),
+			 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "c", &st), 0);
+	assert_int_equal(st.st_ino, sa.st_ino);
+}
+
+static void test_change_behind_mount_invalidates(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "one", 3), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_size, 3);
+	fwd_reset();
+	pmem_calls_reset(e->mem);
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "three!", 6), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	/* Forwarded with the identity the daemon keys on. */
+	assert_true(fwd_find(SBX_CHANGE_DATA, NULL, st.st_ino) >= 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_size, 6);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 1);
+
+	assert_int_equal(pmem_ext_chmod(e->mem, "f", 0600), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	assert_true(fwd_find(SBX_CHANGE_ATTR, NULL, st.st_ino) >= 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0600);
+
+	assert_int_equal(pmem_ext_unlink(e->mem, "f"), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	assert_true(fwd_find(SBX_CHANGE_ENTRY, "f", 0) >= 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st),
+			 -ENOENT);
+
+	/* An overflow is forwarded and forgets everything. */
+	pmem_ext_overflow(e->mem);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	assert_true(fwd_find(SBX_CHANGE_OVERFLOW, NULL, 0) >= 0);
+}
+
+/*
+ * A stat whose answer was read before a change but comes back after the
+ * change's event was applied must not be cached as fresh.  The gate parks
+ * the fetch after the provider answered (at the forget of its node), the
+ * change happens and is applied, then the fetch finishes.
+ */
+struct racer {
+	struct env *e;
+	struct sbx_node *n;
+	struct stat st;
+	int rc;
+};
+
+static void *race_getattr(void *arg)
+{
+	struct racer *r = arg;
+
+	r->rc = r->e->ops->getattr(r->e->cache, r->n, NULL, &r->st);
+	return NULL;
+}
+
+static void test_fetch_racing_change_not_kept(void **state)
+{
+	struct env *e = *state;
+	struct racer r = {.e = e};
+	struct stat st;
+	pthread_t t;
+	int parked;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "old", 3), 0);
+	settle(e);
+	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &r.n, &st),
+			 0);
+	/* Make the cached attributes stale so getattr fetches. */
+	assert_int_equal(pmem_ext_chmod(e->mem, "f", 0600), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+
+	assert_int_equal(pmem_gate_arm(e->mem, "forget", "f"), 0);
+	assert_int_equal(pthread_create(&t, NULL, race_getattr, &r), 0);
+	parked = pmem_gate_wait(e->mem, WATCHDOG_S * 1000);
+	if (parked == 0) {
+		assert_int_equal(pmem_ext_write(e->mem, "f", "newer", 5), 0);
+		assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	}
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(parked, 0); /* the fetch went through node_at */
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(r.st.st_size, 3); /* what it read: fine to return */
+
+	assert_int_equal(e->ops->getattr(e->cache, r.n, NULL, &st), 0);
+	assert_int_equal(st.st_size, 5); /* but not kept */
+}
+
+/* ==== regressions ========================================================= */
+
+/*
+ * REGRESSION a: hard-link rings.  The names of a multi-link file are tied
+ * in a ring; removing and recreating them (with the sandbox reusing the
+ * inode number) must not corrupt the ring into a loop.
+ */
+static void *ring_loop_body(struct body *b)
+{
+	struct env *e = b->e;
+
+	for (int i = 0; i < 5; i++) {
+		struct sbx_node *a, *bn, *made;
+		struct sbx_file *fh;
+		struct stat st;
+		int rc;
+
+		rc = k_unlink(e, "a");
+		CHECK(b, rc == 0 || rc == -ENOENT, "round %d: unlink a: %d",
+		      i, rc);
+		rc = k_unlink(e, "b");
+		CHECK(b, rc == 0 || rc == -ENOENT, "round %d: unlink b: %d",
+		      i, rc);
+		rc = k_create(e, "a", O_EXCL, &a, &fh);
+		CHECK(b, rc == 0, "round %d: create a: %d", i, rc);
+		rc = e->ops->write(e->cache, fh, "x", 1, 0);
+		CHECK(b, rc == 1, "round %d: write a: %d", i, rc);
+		rc = k_close(e, fh);
+		CHECK(b, rc == 0, "round %d: close a: %d", i, rc);
+		rc = e->ops->lookup(e->cache, e->root, "b", &bn, &st);
+		CHECK(b, rc == -ENOENT, "round %d: lookup b: %d", i, rc);
+		rc = e->ops->link(e->cache, a, e->root, "b", &made, &st);
+		CHECK(b, rc == 0, "round %d: link a b: %d", i, rc);
+		CHECK(b, st.st_nlink == 2, "round %d: link: nlink %lu", i,
+		      (unsigned long)st.st_nlink);
+		/* The daemon keeps a's node for the inode, forgets made. */
+		e->ops->forget(e->cache, made);
+		rc = k_unlink(e, "a");
+		CHECK(b, rc == 0, "round %d: unlink a: %d", i, rc);
+		rc = k_unlink(e, "b");
+		CHECK(b, rc == 0, "round %d: unlink b: %d", i, rc);
+		e->ops->forget(e->cache, a);
+	}
+	return NULL;
+}
+
+static void test_hardlink_ring_loop(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, ring_loop_body, NULL,
+		    "5 rounds of create a, link a b, unlink a, unlink b");
+}
+
+static void *foreign_link_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *x;
+	struct stat st, in, out;
+	int rc;
+
+	rc = e->ops->lookup(e->cache, e->root, "x", &x, &st);
+	CHECK(b, rc == 0, "lookup x: %d", rc);
+	rc = e->ops->getattr(e->cache, x, NULL, &st);
+	CHECK(b, rc == 0 && st.st_nlink == 2, "getattr x: %d nlink %lu", rc,
+	      (unsigned long)st.st_nlink);
+	memset(&in, 0, sizeof(in));
+	in.st_mtim.tv_sec = 1000000000;
+	in.st_atim.tv_sec = 1000000000;
+	rc = e->ops->setattr(e->cache, x, NULL, &in,
+			     SBX_SET_ATIME | SBX_SET_MTIME, &out);
+	CHECK(b, rc == 0, "setattr x: %d", rc);
+	for (int i = 0; i < 3; i++) {
+		rc = e->ops->getattr(e->cache, x, NULL, &st);
+		CHECK(b, rc == 0, "getattr x again: %d", rc);
+		rc = e->ops->setattr(e->cache, x, NULL, &in,
+				     SBX_SET_ATIME | SBX_SET_MTIME, &out);
+		CHECK(b, rc == 0, "setattr x again: %d", rc);
+	}
+	CHECK(b, out.st_mtim.tv_sec == 1000000000, "mtime not set");
+	e->ops->forget(e->cache, x);
+	return NULL;
+}
+
+static void test_foreign_hardlink_setattr(void **state)
+{
+	struct env *e = *state;
+
+	assert_int_equal(pmem_ext_write(e->mem, "x", "data", 4), 0);
+	settle(e);
+	/* The second name is made behind the mount, never seen here. */
+	assert_int_equal(pmem_ext_link(e->mem, "x", "hidden-name"), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	run_bounded(e, foreign_link_body, NULL,
+		    "getattr + setattr(times) of a file linked behind the "
+		    "mount");
+}
+
+/*
+ * REGRESSION c: a push that fails belongs to the open file that buffered
+ * it.  Another caller's getattr pushes the buffer and the wrapped write
+ * fails once; the owner's fsync must then report the error or the data
+ * must have reached the sandbox -- never "0" with nothing there.
+ */
+static void *push_failure_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char data[4096];
+	int rc, grc;
+
+	fill(data, sizeof(data), 3);
+	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	CHECK(b, rc == 0, "create: %d", rc);
+	rc = (int)e->ops->write(e->cache, fh, data, sizeof(data), 0);
+	CHECK(b, rc == (int)sizeof(data), "write: %d", rc);
+	CHECK(b, pmem_fail(e->mem, "write", -EIO, 1) == 0, "pmem_fail");
+	grc = e->ops->getattr(e->cache, n, NULL, &st);
+	CHECK(b, pmem_fail(e->mem, "write", 0, 0) == 0, "pmem_fail clear");
+	rc = e->ops->fsync(e->cache, fh, false);
+	if (rc == 0)
+		CHECK(b, holds(e, "f", data, sizeof(data)),
+		      "fsync returned 0 but the sandbox does not hold the "
+		      "4 KiB (the other caller's getattr returned %d and the "
+		      "failed push was dropped)",
+		      grc);
+	else
+		CHECK(b, rc == -EIO, "fsync: %d, expected 0 or -EIO", rc);
+	rc = e->ops->flush(e->cache, fh);
+	(void)e->ops->release(e->cache, fh);
+	return NULL;
+}
+
+static void test_push_failure_stays_with_file(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, push_failure_body, NULL, "push failure");
+}
+
+/*
+ * REGRESSION d: buffered writes reach the sandbox within a bounded time
+ * even when the file is left open and nothing else happens (a process
+ * that writes a log line and sleeps; a crash of the daemon must not lose
+ * minutes of writes).
+ */
+static void test_bounded_writeback(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	char data[4096];
+	struct stat st;
+	bool there = false;
+
+	settle(e);
+	fill(data, sizeof(data), 4);
+	assert_int_equal(k_create(e, "log", O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, data, sizeof(data), 0),
+			 (ssize_t)sizeof(data));
+	for (int i = 0; i < 60 && !there; i++) {
+		there = pmem_ext_stat(e->mem, "log", &st) == 0 &&
+			st.st_size == (off_t)sizeof(data);
+		if (!there)
+			usleep(50 * 1000);
+	}
+	there = there && holds(e, "log", data, sizeof(data));
+	assert_int_equal(k_close(e, fh), 0);
+	if (!there)
+		fail_msg("4 KiB written to an open file did not reach the "
+			 "sandbox within 3 s without flush/fsync/release");
+}
+
+/*
+ * REGRESSION e: link counts.  Removing one name of a two-link file
+ * through the mount leaves the other with one link, at once (no event
+ * says so: inotify reports no link-count change for the other names).
+ */
+static void *nlink_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *a, *made, *bn;
+	struct sbx_file *fh;
+	struct stat st;
+	int rc;
+
+	rc = k_create(e, "a", O_EXCL, &a, &fh);
+	CHECK(b, rc == 0, "create a: %d", rc);
+	rc = k_close(e, fh);
+	CHECK(b, rc == 0, "close a: %d", rc);
+	rc = e->ops->lookup(e->cache, e->root, "b", &bn, &st);
+	CHECK(b, rc == -ENOENT, "lookup b: %d", rc);
+	rc = e->ops->link(e->cache, a, e->root, "b", &made, &st);
+	CHECK(b, rc == 0 && st.st_nlink == 2, "link: %d nlink %lu", rc,
+	      (unsigned long)st.st_nlink);
+	e->ops->forget(e->cache, made);
+	/* `ls -l` after the link: the cache now knows nlink 2. */
+	rc = e->ops->getattr(e->cache, a, NULL, &st);
+	CHECK(b, rc == 0 && st.st_nlink == 2, "getattr a: %d nlink %lu", rc,
+	      (unsigned long)st.st_nlink);
+	rc = k_unlink(e, "b");
+	CHECK(b, rc == 0, "unlink b: %d", rc);
+	rc = e->ops->getattr(e->cache, a, NULL, &st);
+	CHECK(b, rc == 0, "getattr a after unlink b: %d", rc);
+	CHECK(b, st.st_nlink == 1,
+	      "after unlink of b, getattr of a says nlink %lu, want 1",
+	      (unsigned long)st.st_nlink);
+	e->ops->forget(e->cache, a);
+	return NULL;
+}
+
+static void test_nlink_after_unlink(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, nlink_body, NULL, "link counts");
+}
+
+static void *nlink_open_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *a, *made;
+	struct sbx_file *fh;
+	struct stat st;
+	int rc;
+
+	rc = k_create(e, "a", O_EXCL, &a, &fh);
+	CHECK(b, rc == 0, "create a: %d", rc);
+	rc = e->ops->link(e->cache, a, e->root, "b", &made, &st);
+	CHECK(b, rc == 0 && st.st_nlink == 2, "link: %d nlink %lu", rc,
+	      (unsigned long)st.st_nlink);
+	e->ops->forget(e->cache, made);
+	rc = k_unlink(e, "a");
+	CHECK(b, rc == 0, "unlink a: %d", rc);
+	rc = k_unlink(e, "b");
+	CHECK(b, rc == 0, "unlink b: %d", rc);
+	rc = e->ops->getattr(e->cache, a, fh, &st);
+	CHECK(b, rc == 0, "fstat of the open file: %d", rc);
+	CHECK(b, st.st_nlink == 0,
+	      "both names removed, fstat of the open file says nlink %lu, "
+	      "want 0",
+	      (unsigned long)st.st_nlink);
+	rc = k_close(e, fh);
+	CHECK(b, rc == 0, "close: %d", rc);
+	e->ops->forget(e->cache, a);
+	return NULL;
+}
+
+static void test_nlink_open_file_all_names_gone(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, nlink_open_body, NULL, "link count of an open file");
+}
+
+/*
+ * f: a file open for writing is renamed *behind the mount* (by a command in
+ * the sandbox) while it has buffered writes.  The agent writes by path, so
+ * the push to the old name gets ENOENT.  This is the documented limit
+ * (docs/design.md, "Write-back"): the bytes are never dropped silently --
+ * they stay buffered and the owner's flush (close) reports the error; no
+ * file is created under the old name.
+ */
+static void *rename_behind_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	char data[4096];
+	struct stat st;
+	int rc;
+
+	fill(data, sizeof(data), 6);
+	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	CHECK(b, rc == 0, "create: %d", rc);
+	rc = (int)e->ops->write(e->cache, fh, data, sizeof(data), 0);
+	CHECK(b, rc == (int)sizeof(data), "write: %d", rc);
+	CHECK(b, pmem_ext_rename(e->mem, "f", "g", 0) == 0, "ext rename");
+	rc = e->ops->watch_sync(e->cache);
+	CHECK(b, rc == 0, "watch_sync: %d", rc);
+	rc = e->ops->flush(e->cache, fh);
+	CHECK(b, rc == -ENOENT,
+	      "flush after a rename behind the mount returned %d, want "
+	      "-ENOENT (the owner must be told)", rc);
+	/* Told twice if asked twice: the bytes are still held. */
+	rc = e->ops->fsync(e->cache, fh, false);
+	CHECK(b, rc < 0, "fsync after the failed flush returned %d", rc);
+	(void)e->ops->release(e->cache, fh);
+	CHECK(b, pmem_ext_stat(e->mem, "f", &st) == -ENOENT,
+	      "the old name was recreated");
+	CHECK(b, pmem_ext_stat(e->mem, "g", &st) == 0 && st.st_size == 0,
+	      "g changed although the push failed");
+	return NULL;
+}
+
+static void test_rename_behind_buffered_write(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, rename_behind_body, NULL,
+		    "buffered write, rename behind the mount, flush");
+}
+
+/*
+ * Rename *through the mount* of a file that is open with buffered writes,
+ * then more writes and close: the data must land at the new name.
+ */
+static void *rename_open_body(struct body *b)
+{
+	struct env *e = b->e;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	char data[4096];
+	int rc;
+
+	fill(data, sizeof(data), 7);
+	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	CHECK(b, rc == 0, "create: %d", rc);
+	rc = (int)e->ops->write(e->cache, fh, data, 1024, 0);
+	CHECK(b, rc == 1024, "write: %d", rc);
+	rc = e->ops->fsync(e->cache, fh, false);
+	CHECK(b, rc == 0, "fsync: %d", rc);
+	rc = e->ops->rename(e->cache, e->root, "f", e->root, "g", 0);
+	CHECK(b, rc == 0, "rename f g: %d", rc);
+	rc = (int)e->ops->write(e->cache, fh, data + 1024,
+				sizeof(data) - 1024, 1024);
+	CHECK(b, rc == (int)sizeof(data) - 1024, "write after rename: %d",
+	      rc);
+	rc = k_close(e, fh);
+	CHECK(b, rc == 0, "close after a rename through the mount: %d", rc);
+	CHECK(b, holds(e, "g", data, sizeof(data)),
+	      "close returned 0 but g does not hold the data");
+	return NULL;
+}
+
+static void test_rename_open_file_through_cache(void **state)
+{
+	struct env *e = *state;
+
+	settle(e);
+	run_bounded(e, rename_open_body, NULL,
+		    "write, rename through the mount, write, close");
+}
+
+/*
+ * REGRESSION b: use after free.  Per file, one thread opens (O_TRUNC),
+ * writes 4 KiB, closes, in a loop, while two threads getattr its node
+ * (which pushes the buffered writes of whichever open file has some): a
+ * getattr must never push a file that a RELEASE is freeing.  Meant for
+ * ASan; without it a hit may crash or pass silently.
+ */
+#define STRESS_FILES 3
+#define STRESS_MS 2000
+
+/* Shared by the stress threads; on the heap so a hang can leak it. */
+struct stress_ctx {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int running;
+	int stop;
+};
+
+struct stress {
+	struct env *e;
+	struct sbx_node *node;
+	char name[8];
+	struct stress_ctx *ctx;
+	char err[256];
+	unsigned long rounds;
+};
+
+static bool stress_stopped(struct stress *s)
+{
+	return __atomic_load_n(&s->ctx->stop, __ATOMIC_ACQUIRE) || s->err[0];
+}
+
+static void stress_done(struct stress *s)
+{
+	pthread_mutex_lock(&s->ctx->lock);
+	s->ctx->running--;
+	pthread_cond_broadcast(&s->ctx->cond);
+	pthread_mutex_unlock(&s->ctx->lock);
+}
+
+static void *stress_writer(void *arg)
+{
+	struct stress *s = arg;
+	struct env *e = s->e;
+	char data[4096];
+
+	fill(data, sizeof(data), 9);
+	while (!stress_stopped(s)) {
+		struct sbx_file *fh;
+		int rc = k_open(e, s->node, O_WRONLY | O_TRUNC, &fh);
+
+		if (rc < 0) {
+			snprintf(s->err, sizeof(s->err), "open %s: %d",
+				 s->name, rc);
+			if (fh)
+				(void)e->ops->release(e->cache, fh);
+			break;
+		}
+		if (e->ops->write(e->cache, fh, data, sizeof(data), 0) !=
+		    (ssize_t)sizeof(data))
+			snprintf(s->err, sizeof(s->err), "write %s", s->name);
+		rc = k_close(e, fh);
+		if (rc < 0 && !s->err[0])
+			snprintf(s->err, sizeof(s->err), "close %s: %d",
+				 s->name, rc);
+		s->rounds++;
+	}
+	stress_done(s);
+	return NULL;
+}
+
+static void *stress_getattr(void *arg)
+{
+	struct stress *s = arg;
+	struct env *e = s->e;
+
+	while (!stress_stopped(s)) {
+		struct stat st;
+		int rc = e->ops->getattr(e->cache, s->node, NULL, &st);
+
+		if (rc < 0)
+			snprintf(s->err, sizeof(s->err), "getattr %s: %d",
+				 s->name, rc);
+		s->rounds++;
+	}
+	stress_done(s);
+	return NULL;
+}
+
+static void test_getattr_vs_release_uaf(void **state)
+{
+	struct env *e = *state;
+	struct stress_ctx *ctx = calloc(1, sizeof(*ctx));
+	struct stress *s = calloc(STRESS_FILES * 3, sizeof(*s));
+	pthread_t t[STRESS_FILES * 3];
+	struct timespec until;
+	unsigned long writes = 0;
+	int running;
+
+	assert_non_null(ctx);
+	assert_non_null(s);
+	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_cond_init(&ctx->cond, NULL);
+	ctx->running = STRESS_FILES * 3;
+	settle(e);
+	for (int f = 0; f < STRESS_FILES; f++) {
+		struct sbx_node *n;
+		struct sbx_file *fh;
+		char name[8];
+
+		snprintf(name, sizeof(name), "s%d", f);
+		assert_int_equal(k_create(e, name, O_EXCL, &n, &fh), 0);
+		assert_int_equal(k_close(e, fh), 0);
+		for (int k = 0; k < 3; k++) {
+			struct stress *x = &s[f * 3 + k];
+
+			x->e = e;
+			x->node = n;
+			snprintf(x->name, sizeof(x->name), "%s", name);
+			x->ctx = ctx;
+		}
+	}
+	for (int i = 0; i < STRESS_FILES * 3; i++)
+		assert_int_equal(pthread_create(&t[i], NULL,
+						i % 3 ? stress_getattr
+						      : stress_writer,
+						&s[i]),
+				 0);
+	usleep(STRESS_MS * 1000); /* the duration of the stress, not a sync */
+	__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	pthread_mutex_lock(&ctx->lock);
+	while (ctx->running > 0 &&
+	       pthread_cond_timedwait(&ctx->cond, &ctx->lock, &until) == 0)
+		;
+	running = ctx->running;
+	pthread_mutex_unlock(&ctx->lock);
+	if (running > 0) {
+		/* Threads still use these: keep them. */
+		e->hung = true;
+		leak(s);
+		leak(ctx);
+		fail_msg("HANG: %d of %d stress threads still running %d s "
+			 "after stop",
+			 running, STRESS_FILES * 3, WATCHDOG_S);
+	}
+	for (int i = 0; i < STRESS_FILES * 3; i++)
+		pthread_join(t[i], NULL);
+	pthread_mutex_destroy(&ctx->lock);
+	pthread_cond_destroy(&ctx->cond);
+	free(ctx);
+	for (int i = 0; i < STRESS_FILES * 3; i++) {
+		if (s[i].err[0]) {
+			char msg[300];
+
+			snprintf(msg, sizeof(msg), "%s", s[i].err);
+			free(s);
+			fail_msg("%s", msg);
+		}
+		if (i % 3 == 0)
+			writes += s[i].rounds;
+	}
+	free(s);
+	assert_true(writes > 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_lookup_getattr_cached,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_getattr_cached_without_prefetch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_negative_entries, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(
+			test_complete_listing_answers_enoent, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_readdir_listing, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_write_flush_release, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_read_through_cache, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_rename_through_cache,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_change_behind_mount_invalidates, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_fetch_racing_change_not_kept, setup, teardown),
+		/* Regressions. */
+		cmocka_unit_test_setup_teardown(test_hardlink_ring_loop, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_foreign_hardlink_setattr,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_push_failure_stays_with_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bounded_writeback, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_nlink_after_unlink, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(
+			test_nlink_open_file_all_names_gone, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rename_behind_buffered_write, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rename_open_file_through_cache, setup, teardown),
+		/* Last: under ASan a hit ends the process. */
+		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
+						setup, teardown),
+	};
+
+	if (getenv(FILTER_ENV))
+		cmocka_set_test_filter(getenv(FILTER_ENV));
+	signal(SIGALRM, on_global_alarm);
+	alarm(GLOBAL_WATCHDOG_S);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
