@@ -36,6 +36,7 @@ struct MHD_Daemon;
 struct MHD_Response;
 struct agent_watch;
 struct agent_execs;
+struct agent_conns;
 
 /* Command-line options of `sbx-agent serve`.  Strings borrowed. */
 struct agent_options {
@@ -60,6 +61,8 @@ struct agent {
 	char *unix_path; /* unlinked at exit */
 	struct agent_watch *watch;
 	struct agent_execs *execs;
+	/* Connections that have not shown the token yet (server.c). */
+	struct agent_conns *conns;
 	atomic_bool stopping;
 };
 
@@ -176,8 +179,10 @@ SBX_WUR int agent_server_run(const struct agent_options *opt);
 /*
  * Normalise a client path: strip leading and repeated '/', drop "."
  * components.  ".." is kept (the resolver refuses escapes with -EXDEV, so
- * "a/../b" works and "../x" does not).  -EINVAL for a NUL, -ENAMETOOLONG
- * beyond PATH_MAX.  *out malloc'd; "" is the root.
+ * "a/../b" works and "../x" does not).  -ENAMETOOLONG beyond PATH_MAX.
+ * A path with a NUL never gets here: the request is refused (400) where
+ * it is decoded, by server.c's URL unescaping (%00) and by
+ * sbx_json_parse() ("\u0000").  *out malloc'd; "" is the root.
  */
 SBX_WUR int agent_path_norm(const char *in, char **out);
 
@@ -254,6 +259,7 @@ struct agent_op {
 	int rc;            /* parse error (negative errno) or 0 */
 	char *msg;         /* parse error message, malloc'd */
 	char *path;        /* normalised, malloc'd */
+	bool dir_slash;    /* path was given with a trailing '/' */
 	char *newpath;     /* link/rename, normalised */
 	char *target;      /* symlink target, as given */
 	char *name;        /* xattr name */
@@ -331,6 +337,77 @@ int agent_h_archive_get(struct agent_req *r);
 /* PUT /v1/archive: extract the tar body (agent_archive_upload) and answer. */
 int agent_h_archive_put(struct agent_req *r);
 int agent_archive_upload(struct agent_req *r, const char *data, size_t len);
+
+/*
+ * The extractor of PUT /v1/archive, for routes that extract a tar body and
+ * then do more (PUT /v1/repo/seed).  agent_extract_begin() creates `path`
+ * (normalised, relative to the root) with its parents and sets
+ * r->upload_state/upload_free; the body's pieces then go to
+ * agent_archive_upload(); agent_extract_finish() ends the archive (the
+ * first error, its HTTP status in *status_out, 0 meaning "by errno").
+ * agent_extract_confined() is confine.c's view with `path` as the root
+ * (for resolving names the archive made); agent_extract_clear() removes
+ * everything beneath `path` (undoing a failed seed of an empty
+ * directory).  Errors: negative errno with sbx_error_last().
+ */
+SBX_WUR int agent_extract_begin(struct agent_req *r, const char *path,
+				bool replace);
+SBX_WUR int agent_extract_finish(struct agent_req *r, uint64_t *entries,
+				 uint64_t *bytes, unsigned *status_out);
+int agent_extract_dirfd(struct agent_req *r);
+struct agent *agent_extract_confined(struct agent_req *r);
+SBX_WUR int agent_extract_clear(struct agent_req *r);
+
+/* ---- repository (handlers_repo.c, gitindex.c) ----------------------------- */
+
+/* PUT /v1/repo/seed: extract a repository's tar into an empty directory,
+ * then refresh its index (gitindex.h). */
+int agent_repo_seed_upload(struct agent_req *r, const char *data, size_t len);
+int agent_h_repo_seed(struct agent_req *r);
+/* GET /v1/repo/state: HEAD, one ref, the loose objects and the packs. */
+int agent_h_repo_state(struct agent_req *r);
+/* POST /v1/repo/objects: the named files under .git/objects, as frames. */
+int agent_h_repo_objects(struct agent_req *r);
+
+/* ---- path identity (alias.c) ----------------------------------------------- */
+
+/*
+ * An exec's "alias": the absolute path where the client mounts the
+ * sandbox, made to lead to the root for the command (docs/protocol.md,
+ * "Exec").  The command still starts in its confined cwd under the root;
+ * the alias only makes the client's paths resolve.
+ * agent_alias_prepare() runs in the agent before fork: it decides how
+ * (and creates the symlink when that is the way); the child calls
+ * agent_alias_enter() before exec.
+ */
+enum agent_alias_mode {
+	AGENT_ALIAS_NONE = 0, /* not asked for, or not possible */
+	AGENT_ALIAS_READY,    /* the path already leads to the root (a
+			       * symlink made by us, or the root itself) */
+	AGENT_ALIAS_BIND,     /* a private mount namespace with the root
+			       * bind-mounted over the path (root only) */
+};
+
+struct agent_alias {
+	int mode;         /* enum agent_alias_mode */
+	char *path;       /* the alias, normalised (malloc'd) */
+	const char *root; /* borrowed: the agent's root path */
+};
+
+/*
+ * Decide for `alias` (from the request; NULL or "" for none).  Never
+ * fails: a path that cannot be provided gives AGENT_ALIAS_NONE (logged
+ * at debug level).
+ */
+void agent_alias_prepare(struct agent *a, const char *alias,
+			 struct agent_alias *out);
+void agent_alias_fini(struct agent_alias *al);
+/*
+ * In the child, after fork: for BIND, a private mount namespace with the
+ * root bind-mounted at the alias.  Async-signal-safe; a failure leaves
+ * the command without the alias.
+ */
+void agent_alias_enter(const struct agent_alias *al);
 
 /* ---- health and info (routes.c) ------------------------------------------ */
 

@@ -448,6 +448,8 @@ struct spawn {
 	char *cwd;   /* normalised */
 	bool tty;
 	unsigned short rows, cols;
+	int umask;   /* the command's umask; -1: the agent's own */
+	const char *alias; /* the client's mount path, or NULL (alias.c) */
 };
 
 struct child_plan {
@@ -457,6 +459,8 @@ struct child_plan {
 	int in, out, err;
 	bool ctty;
 	int errpipe;
+	int umask;   /* -1: inherit */
+	const struct agent_alias *alias;
 };
 
 static void __attribute__((noreturn)) child(const struct child_plan *c)
@@ -481,6 +485,9 @@ static void __attribute__((noreturn)) child(const struct child_plan *c)
 		goto fail;
 	if (fchdir(c->cwd_fd) < 0)
 		goto fail;
+	agent_alias_enter(c->alias);
+	if (c->umask >= 0)
+		umask((mode_t)c->umask);
 	if (c->envp)
 		environ = (char **)c->envp;
 	/* argv as given: execvp, never a shell. */
@@ -524,12 +531,14 @@ static int spawn(struct agent *a, const struct spawn *sp, struct proc **out)
 	int in[2] = { -1, -1 }, o[2] = { -1, -1 }, e[2] = { -1, -1 };
 	int errp[2] = { -1, -1 }, master = -1, slave = -1, cwd_fd = -1;
 	struct child_plan plan = { 0 };
+	struct agent_alias alias;
 	struct proc *p = NULL;
 	int rc, child_errno = 0;
 	pid_t pid;
 	ssize_t n;
 
 	*out = NULL;
+	agent_alias_prepare(a, sp->alias, &alias);
 	rc = agent_open(a, sp->cwd, O_PATH | O_DIRECTORY, 0, &cwd_fd);
 	if (rc < 0) {
 		rc = sbx_error_prefix(rc, "working directory");
@@ -573,8 +582,10 @@ static int spawn(struct agent *a, const struct spawn *sp, struct proc **out)
 	}
 	plan.argv = sp->argv;
 	plan.envp = sp->envp;
+	plan.alias = &alias;
 	plan.cwd_fd = cwd_fd;
 	plan.errpipe = errp[1];
+	plan.umask = sp->umask;
 
 	pid = fork();
 	if (pid < 0) {
@@ -642,6 +653,7 @@ static int spawn(struct agent *a, const struct spawn *sp, struct proc **out)
 	*out = p;
 	rc = 0;
 out:
+	agent_alias_fini(&alias);
 	close_fd(&cwd_fd);
 	close_fd(&master);
 	close_fd(&slave);
@@ -661,7 +673,7 @@ static int parse_start(const cJSON *doc, struct spawn *sp, bool *attach)
 	const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "env");
 	const cJSON *it;
 	const char *cwd = NULL;
-	long long rows, cols;
+	long long rows, cols, um;
 	size_t i = 0;
 	int rc, n;
 
@@ -711,8 +723,16 @@ static int parse_start(const cJSON *doc, struct spawn *sp, bool *attach)
 		rc = sbx_json_get_int(&rows, doc, "rows", 0, "exec");
 	if (rc == 0)
 		rc = sbx_json_get_int(&cols, doc, "cols", 0, "exec");
+	if (rc == 0)
+		rc = sbx_json_get_int(&um, doc, "umask", -1, "exec");
+	if (rc == 0)
+		rc = sbx_json_get_string(&sp->alias, doc, "alias", "exec");
 	if (rc < 0)
 		return rc;
+	if (um < -1 || um > 0777)
+		return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+				     "exec: umask out of range");
+	sp->umask = (int)um;
 	if (rows < 0 || rows > 65535 || cols < 0 || cols > 65535)
 		return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
 				     "exec: rows/cols out of range");

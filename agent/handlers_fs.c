@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -645,6 +646,30 @@ static void parse_op(struct agent_op *op, const cJSON *o, size_t index)
 	}
 	if (op->kind != AGENT_OP_STATFS && p_path(&c, o, "path", &op->path) < 0)
 		return;
+	if (op->path && *op->path) {
+		const char *raw = cJSON_GetStringValue(field(o, "path"));
+
+		op->dir_slash = raw && raw[strlen(raw) - 1] == '/';
+	}
+
+	switch (op->kind) {
+	case AGENT_OP_MKDIR:
+	case AGENT_OP_CREATE:
+	case AGENT_OP_MKNOD:
+	case AGENT_OP_SYMLINK:
+		/* The owner of the new object (applied as root only). */
+		if (p_int(&c, o, "uid", false, 0, UINT32_MAX - 1, &v,
+			  &op->has_uid) < 0)
+			return;
+		op->uid = (unsigned)v;
+		if (p_int(&c, o, "gid", false, 0, UINT32_MAX - 1, &v,
+			  &op->has_gid) < 0)
+			return;
+		op->gid = (unsigned)v;
+		break;
+	default:
+		break;
+	}
 
 	switch (op->kind) {
 	case AGENT_OP_MKDIR:
@@ -862,6 +887,64 @@ static int need_name(struct exec_ctx *x, const char *path)
 				     "%s: not allowed on the root or \"..\"",
 				     *path ? path : "/");
 	return 0;
+}
+
+static mode_t agent_umask;
+static pthread_once_t agent_umask_once = PTHREAD_ONCE_INIT;
+
+/* The agent's umask, read without changing it (threads share it). */
+static void read_umask(void)
+{
+	char line[128];
+	unsigned v;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	agent_umask = 022;
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Umask: %o", &v) == 1)
+			agent_umask = (mode_t)(v & 0777);
+	fclose(f);
+}
+
+/*
+ * A new object made for a client: the mode it asked for (the client's
+ * kernel applied the caller's umask already; the agent's own must not
+ * take more bits away), and, when the agent runs as root, the owner it
+ * names (the group stays the directory's when that is set-group-ID).
+ * Best effort, as a file system that cannot chown keeps the agent's user.
+ */
+static void fix_new(struct exec_ctx *x, const struct agent_op *op)
+{
+	struct stat st, dst;
+	bool chowned = false;
+
+	if (fstatat(x->dfd, x->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	if (geteuid() == 0 && (op->has_uid || op->has_gid)) {
+		uid_t uid = op->has_uid ? (uid_t)op->uid : (uid_t)-1;
+		gid_t gid = op->has_gid ? (gid_t)op->gid : (gid_t)-1;
+
+		if (fstat(x->dfd, &dst) == 0 && (dst.st_mode & S_ISGID))
+			gid = (gid_t)-1;
+		if ((uid != (uid_t)-1 && uid != st.st_uid) ||
+		    (gid != (gid_t)-1 && gid != st.st_gid))
+			chowned = fchownat(x->dfd, x->name, uid, gid,
+					   AT_SYMLINK_NOFOLLOW) == 0;
+	}
+	if (S_ISLNK(st.st_mode) || !op->has_mode)
+		return;
+	pthread_once(&agent_umask_once, read_umask);
+	/* Bits our umask took, and set-ID bits chown cleared. */
+	if ((op->mode & agent_umask & 0777) ||
+	    (chowned && (st.st_mode & (S_ISUID | S_ISGID)))) {
+		mode_t m = (st.st_mode & 07777) | (op->mode & 0777);
+
+		if (fchmodat(x->dfd, x->name, m, 0) < 0) {
+			/* keeps the mode it has */
+		}
+	}
 }
 
 static int stat_result(struct exec_ctx *x, const char *path, cJSON *res)
@@ -1144,6 +1227,8 @@ static int run_op(struct agent *a, const struct agent_op *op, cJSON *res)
 		if (rc == 0 && mkdirat(x.dfd, x.name, (mode_t)op->mode) < 0)
 			rc = sbx_error_os("mkdir %s", p);
 		if (rc == 0)
+			fix_new(&x, op);
+		if (rc == 0)
 			rc = stat_result(&x, p, res);
 		break;
 	case AGENT_OP_MKNOD:
@@ -1152,26 +1237,35 @@ static int run_op(struct agent *a, const struct agent_op *op, cJSON *res)
 				       (dev_t)op->rdev) < 0)
 			rc = sbx_error_os("mknod %s", p);
 		if (rc == 0)
+			fix_new(&x, op);
+		if (rc == 0)
 			rc = stat_result(&x, p, res);
 		break;
 	case AGENT_OP_CREATE: {
-		int fd;
+		int fd, fl = O_CREAT | O_WRONLY | O_NOFOLLOW | O_NOCTTY |
+			     O_NONBLOCK | O_CLOEXEC |
+			     (op->truncate ? O_TRUNC : 0);
+		bool made = true;
 
 		rc = need_name(&x, p);
 		if (rc < 0)
 			break;
-		/* O_NOFOLLOW: never create through a symlink. */
-		fd = openat(x.dfd, x.name,
-			    O_CREAT | O_WRONLY | O_NOFOLLOW | O_NOCTTY |
-				    O_NONBLOCK | O_CLOEXEC |
-				    (op->excl ? O_EXCL : 0) |
-				    (op->truncate ? O_TRUNC : 0),
+		/* O_NOFOLLOW: never create through a symlink.  Exclusive
+		 * first, so an existing file keeps its owner and mode. */
+		fd = openat(x.dfd, x.name, fl | O_EXCL,
 			    (mode_t)(op->mode & 07777));
+		if (fd < 0 && errno == EEXIST && !op->excl) {
+			made = false;
+			fd = openat(x.dfd, x.name, fl,
+				    (mode_t)(op->mode & 07777));
+		}
 		if (fd < 0) {
 			rc = sbx_error_os("create %s", p);
 			break;
 		}
 		close(fd);
+		if (made)
+			fix_new(&x, op);
 		rc = stat_result(&x, p, res);
 		break;
 	}
@@ -1179,6 +1273,8 @@ static int run_op(struct agent *a, const struct agent_op *op, cJSON *res)
 		rc = need_name(&x, p);
 		if (rc == 0 && symlinkat(op->target, x.dfd, x.name) < 0)
 			rc = sbx_error_os("symlink %s", p);
+		if (rc == 0)
+			fix_new(&x, op);
 		if (rc == 0)
 			rc = stat_result(&x, p, res);
 		break;
@@ -1195,6 +1291,18 @@ static int run_op(struct agent *a, const struct agent_op *op, cJSON *res)
 		break;
 	case AGENT_OP_UNLINK:
 		rc = need_name(&x, p);
+		if (rc == 0 && op->dir_slash) {
+			/* "x/" names a directory: unlink(2) answers ENOTDIR
+			 * for a file or symlink x, never removes it. */
+			struct stat st;
+
+			if (fstatat(x.dfd, x.name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+				rc = sbx_error_os("unlink %s/", p);
+			else if (!S_ISDIR(st.st_mode))
+				rc = sbx_error_set(SBX_ERR_OS, -ENOTDIR,
+						   "unlink %s/: not a directory",
+						   p);
+		}
 		if (rc == 0 && unlinkat(x.dfd, x.name, 0) < 0)
 			rc = sbx_error_os("unlink %s", p);
 		break;

@@ -35,6 +35,7 @@
 #include "sbx/log.h"
 #include "sbx/paths.h"
 #include "sbx/proto.h"
+#include "sbx/token.h"
 #include "sbx/xmalloc.h"
 
 #include "agent_i.h"
@@ -47,8 +48,26 @@
  * headers; a header block that does not fit is refused by MHD (431).
  */
 #define CONN_MEMORY (SBX_PROTO_MAX_HEADERS + 8 * 1024)
+/*
+ * Connections (docs/protocol.md, "Connections").  A connection is
+ * *untrusted* until one of its requests carries the right token.  Untrusted
+ * connections get UNTRUSTED_TIMEOUT_S, both as MHD's idle timeout and as
+ * their whole lifetime, and at most UNTRUSTED_PER_ADDR of them per client
+ * address and UNTRUSTED_MAX in all are kept: beyond that the oldest is cut.
+ * Cutting the oldest rather than refusing the newest is what keeps a
+ * client usable next to someone who holds idle sockets from the same
+ * address (loopback, a Kubernetes API server proxy): its new connection
+ * shows the token within milliseconds and leaves the untrusted pool.
+ * Trusted connections (the client's pool, watch and exec streams) keep
+ * CONN_TIMEOUT_S.  UNTRUSTED_MAX stays well below CONN_LIMIT, so untrusted
+ * connections alone never bring MHD to its limit (where it stops
+ * accepting).
+ */
 #define CONN_TIMEOUT_S 300
 #define CONN_LIMIT 1024
+#define UNTRUSTED_TIMEOUT_S 10
+#define UNTRUSTED_PER_ADDR 64
+#define UNTRUSTED_MAX 256
 #define STREAM_BLOCK (64 * 1024)
 /* A stream buffer holds one frame at most (see agent_frame()). */
 #define STREAM_BUF_CAP                                                         \
@@ -267,21 +286,12 @@ int agent_reply_stream(struct agent_req *r, struct agent_stream *s)
 
 /* ---- request life cycle -------------------------------------------------- */
 
-/* Constant time in the token's content; the length is not secret. */
 static bool token_ok(struct agent *a, struct MHD_Connection *conn)
 {
-	const char *t = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-						    SBX_HDR_TOKEN);
-	volatile unsigned char diff = 0;
-	size_t n;
-
-	if (!t)
-		return false;
-	n = strlen(t);
-	diff |= (unsigned char)(n != a->token_len);
-	for (size_t i = 0; i < a->token_len; i++)
-		diff |= (unsigned char)(a->token[i] ^ (i < n ? t[i] : 0));
-	return diff == 0;
+	return sbx_token_equal(a->token, a->token_len,
+			       MHD_lookup_connection_value(conn,
+							   MHD_HEADER_KIND,
+							   SBX_HDR_TOKEN));
 }
 
 static bool content_length(struct MHD_Connection *conn, unsigned long long *out)
@@ -316,6 +326,197 @@ static size_t header_size(struct MHD_Connection *conn, const char *url)
 	return total;
 }
 
+/* ---- connections ----------------------------------------------------------- */
+
+/* One accepted connection; MHD's socket context. */
+struct agent_conn {
+	/* In the untrusted list, oldest first: protected by conns->lock. */
+	struct agent_conn *prev, *next;
+	bool listed;
+	int fd;
+	struct sockaddr_storage addr;
+	uint64_t accepted_ns;
+	/* The connection's own thread only. */
+	bool trusted;
+	bool nul_in_url; /* the URL of the request being parsed had %00 */
+};
+
+struct agent_conns {
+	pthread_mutex_t lock;
+	struct agent_conn *head, *tail; /* untrusted, oldest first */
+	unsigned n;                     /* entries in the list */
+};
+
+static bool same_addr(const struct sockaddr_storage *x,
+		      const struct sockaddr_storage *y)
+{
+	if (x->ss_family != y->ss_family)
+		return false;
+	if (x->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)y)->sin_addr.s_addr;
+	if (x->ss_family == AF_INET6)
+		return !memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+			       &((const struct sockaddr_in6 *)y)->sin6_addr,
+			       sizeof(struct in6_addr));
+	return true; /* unix sockets: one local "address" */
+}
+
+/* Take `c` off the untrusted list.  Called with the lock held. */
+static void unlist(struct agent_conns *cs, struct agent_conn *c)
+{
+	if (!c->listed)
+		return;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		cs->head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		cs->tail = c->prev;
+	c->prev = c->next = NULL;
+	c->listed = false;
+	cs->n--;
+}
+
+/*
+ * Cut an untrusted connection: shutdown() wakes its thread, which sees the
+ * end of the stream and lets MHD close it.  Called with the lock held; a
+ * listed connection's fd is still open, because MHD reports the close
+ * (conn_notify) before it closes the fd, and that takes the lock.
+ */
+static void cut(struct agent_conns *cs, struct agent_conn *c, const char *why)
+{
+	sbx_debug("closing an unauthenticated connection: %s", why);
+	unlist(cs, c);
+	shutdown(c->fd, SHUT_RDWR);
+}
+
+static void conn_started(struct agent_conns *cs, struct agent_conn *c)
+{
+	uint64_t now = agent_now_ns();
+	struct agent_conn *it, *oldest = NULL;
+	unsigned same = 0;
+
+	pthread_mutex_lock(&cs->lock);
+	/* The lifetime limit, checked whenever someone new arrives: a
+	 * connection that trickles bytes never idles, but cannot stay. */
+	while (cs->head && now - cs->head->accepted_ns >
+				   (uint64_t)UNTRUSTED_TIMEOUT_S * 1000000000ULL)
+		cut(cs, cs->head, "no token within the header timeout");
+	for (it = cs->head; it; it = it->next) {
+		if (same_addr(&it->addr, &c->addr)) {
+			if (!oldest)
+				oldest = it;
+			same++;
+		}
+	}
+	c->prev = cs->tail;
+	if (cs->tail)
+		cs->tail->next = c;
+	else
+		cs->head = c;
+	cs->tail = c;
+	c->listed = true;
+	cs->n++;
+	if (same + 1 > UNTRUSTED_PER_ADDR)
+		cut(cs, oldest, "too many from one address");
+	if (cs->n > UNTRUSTED_MAX)
+		cut(cs, cs->head, "too many in all");
+	pthread_mutex_unlock(&cs->lock);
+}
+
+static void conn_notify(void *cls, struct MHD_Connection *conn,
+			void **socket_context,
+			enum MHD_ConnectionNotificationCode toe)
+{
+	struct agent *a = cls;
+	struct agent_conn *c = *socket_context;
+	const union MHD_ConnectionInfo *ci;
+
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		c = sbx_xcalloc(1, sizeof(*c));
+		c->fd = -1;
+		c->accepted_ns = agent_now_ns();
+		ci = MHD_get_connection_info(conn,
+					     MHD_CONNECTION_INFO_CONNECTION_FD);
+		if (ci)
+			c->fd = ci->connect_fd;
+		ci = MHD_get_connection_info(conn,
+					     MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		if (ci && ci->client_addr) {
+			socklen_t len = ci->client_addr->sa_family == AF_INET6
+						? sizeof(struct sockaddr_in6)
+					: ci->client_addr->sa_family == AF_INET
+						? sizeof(struct sockaddr_in)
+						: 0;
+
+			if (len)
+				memcpy(&c->addr, ci->client_addr, len);
+			else
+				c->addr.ss_family = ci->client_addr->sa_family;
+		} else {
+			c->addr.ss_family = AF_UNIX;
+		}
+		*socket_context = c;
+		if (c->fd >= 0)
+			conn_started(a->conns, c);
+		return;
+	}
+	if (toe == MHD_CONNECTION_NOTIFY_CLOSED && c) {
+		pthread_mutex_lock(&a->conns->lock);
+		unlist(a->conns, c);
+		pthread_mutex_unlock(&a->conns->lock);
+		free(c);
+		*socket_context = NULL;
+	}
+}
+
+static struct agent_conn *conn_of(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn,
+					MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
+
+/* The request showed the token: the connection leaves the untrusted pool
+ * and gets the long idle timeout. */
+static void conn_trust(struct agent *a, struct MHD_Connection *conn)
+{
+	struct agent_conn *c = conn_of(conn);
+
+	if (!c || c->trusted)
+		return;
+	pthread_mutex_lock(&a->conns->lock);
+	unlist(a->conns, c);
+	pthread_mutex_unlock(&a->conns->lock);
+	c->trusted = true;
+	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+				  (unsigned)CONN_TIMEOUT_S);
+}
+
+/*
+ * MHD's own unescaping, which notes a %00 in the URL or a query argument:
+ * the decoded C string would silently end there ("d/f%00x" read "d/f").
+ * Runs on the connection's thread while the request line is parsed, before
+ * the request's first on_request() call, which answers 400.
+ */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
+{
+	size_t n = MHD_http_unescape(s);
+
+	if (memchr(s, '\0', n)) {
+		struct agent_conn *c = conn_of(conn);
+
+		if (c)
+			c->nul_in_url = true;
+	}
+	return n;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				  const char *url, const char *method,
 				  const char *version, const char *upload,
@@ -324,6 +525,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	struct agent *a = cls;
 	struct agent_req *r = *con_cls;
 	unsigned long long clen;
+	bool tok;
 	int rc;
 
 	if (!r) {
@@ -341,6 +543,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			return agent_reply_error(r, MHD_HTTP_SERVICE_UNAVAILABLE,
 						 -EIO);
 		}
+		{
+			struct agent_conn *c = conn_of(conn);
+
+			if (c && c->nul_in_url) {
+				c->nul_in_url = false;
+				sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+					      "NUL byte (%%00) in the URL");
+				return agent_reply_error(
+					r, MHD_HTTP_BAD_REQUEST, -EINVAL);
+			}
+		}
+		tok = token_ok(a, conn);
+		if (tok)
+			conn_trust(a, conn);
 		/* MHD's pool stops headers far beyond the limit (431, its
 		 * own answer); this is the protocol's limit. */
 		if (header_size(conn, url) > SBX_PROTO_MAX_HEADERS) {
@@ -356,7 +572,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				r, MHD_HTTP_METHOD_NOT_ALLOWED, rc);
 		if (rc < 0)
 			return agent_reply_error(r, MHD_HTTP_NOT_FOUND, rc);
-		if (r->route->auth && !token_ok(a, conn)) {
+		if (r->route->auth && !tok) {
 			sbx_error_set(SBX_ERR_PROTO, -EACCES,
 				      "missing or wrong %s", SBX_HDR_TOKEN);
 			return agent_reply_error(r, MHD_HTTP_UNAUTHORIZED,
@@ -455,24 +671,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 static int read_token(struct agent *a, const char *file)
 {
-	char *text = NULL;
-	size_t n;
-	int rc;
+	int rc = sbx_token_file_read(&a->token, file);
 
-	rc = sbx_file_read(file, 64 * 1024, &text, NULL);
-	if (rc < 0)
-		return sbx_error_prefix(rc, "token file");
-	n = strcspn(text, "\r\n");
-	text[n] = '\0';
-	if (n == 0) {
-		free(text);
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "token file %s: the first line is empty",
-				     file);
-	}
-	a->token = text;
-	a->token_len = n;
-	return 0;
+	if (rc == 0)
+		a->token_len = strlen(a->token);
+	return rc;
 }
 
 /*
@@ -659,8 +862,10 @@ int agent_server_run(const struct agent_options *opt)
 	sigset_t set;
 	int rc, sig;
 	struct stat st;
+	struct agent_conns conns = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 	atomic_init(&a.stopping, false);
+	a.conns = &conns;
 	random_hex(a.boot_id, 16);
 	a.root_path = realpath(opt->root, NULL);
 	if (!a.root_path) {
@@ -733,8 +938,11 @@ int agent_server_run(const struct agent_options *opt)
 		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 		MHD_OPTION_LISTEN_SOCKET, a.listen_fd,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
-		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+		/* Until the token is shown; then CONN_TIMEOUT_S. */
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)UNTRUSTED_TIMEOUT_S,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+		MHD_OPTION_NOTIFY_CONNECTION, conn_notify, &a,
+		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, &a,
 		cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert,
 		MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);

@@ -27,10 +27,16 @@ static const struct cli_cmd cmds[] = {
 	 "  --ref REV         start the sandbox branch at REV (default: "
 	 "HEAD)\n"
 	 "  --carry-changes   copy uncommitted changes of the checkout\n"
+	 "  --depth N         remote, kubernetes, modal: only N commits of "
+	 "history\n"
+	 "  --no-repo         remote, kubernetes, modal: leave the workdir "
+	 "as it is\n"
 	 "  --mount DIR       mountpoint (default: $SBX_MOUNT_ROOT/NAME, "
 	 "~/sbx/NAME)\n"
 	 "  --isolate         run commands under bubblewrap "
 	 "(local.isolation=bwrap)\n"
+	 "  --allow-other     let other users use the mount "
+	 "(mount.allow_other)\n"
 	 "  --url URL         remote: base URL of a running sbx-agent\n"
 	 "  --token-file FILE remote: file holding the agent's token\n"
 	 "  --timeout SECONDS remote: bound on every request (default 30)\n"
@@ -44,7 +50,10 @@ static const struct cli_cmd cmds[] = {
 	 "  --json            print the status object instead of the "
 	 "mountpoint\n"
 	 "NAME defaults to the repository's name plus a random suffix.\n"
-	 "Running it again for a live session just prints it.\n"},
+	 "Running it again for a live session just prints it.  For remote,\n"
+	 "kubernetes and modal sandboxes the repository (--repo, or the one\n"
+	 "holding the cwd) is sent in: the workdir is a checkout of REV on\n"
+	 "branch sbx/NAME; `sbx pull NAME` brings the commits back.\n"},
 	{"down", cli_cmd_down, "sbx down NAME [OPTIONS]",
 	 "unmount and remove a session's sandbox",
 	 "  --keep-sandbox    only unmount; keep the sandbox and the session\n"
@@ -53,6 +62,18 @@ static const struct cli_cmd cmds[] = {
 	 "busy\n"
 	 "Refuses (exit 4) when the sandbox holds uncommitted work; the "
 	 "mount is then restored.\n"},
+	{"pull", cli_cmd_pull, "sbx pull NAME [--repo DIR] [--json]",
+	 "bring the sandbox's commits on sbx/NAME into the repository",
+	 "  --repo DIR        the repository (default: the session's, from "
+	 "`up`)\n"
+	 "  --json            print what happened as JSON\n"
+	 "Receives only the objects the repository lacks, keeps the "
+	 "sandbox's head\n"
+	 "in refs/sbx/pulled/NAME, then creates or fast-forwards "
+	 "sbx/NAME.  A\n"
+	 "diverged sbx/NAME is never overwritten (exit 4).  `sbx down` "
+	 "pulls\n"
+	 "before it removes a sandbox.\n"},
 	{"ls", cli_cmd_ls, "sbx ls [--json]", "list sessions",
 	 "  --json            print an array of status objects\n"},
 	{"status", cli_cmd_status, "sbx status NAME [--json]",
@@ -60,6 +81,8 @@ static const struct cli_cmd cmds[] = {
 	{"mount", cli_cmd_mount, "sbx mount NAME [DIR] [-f]",
 	 "mount an existing session again (after a crash or umount)",
 	 "  -f, --foreground  serve in this process until unmounted\n"
+	 "  --allow-other     let other users use the mount (remembered)\n"
+	 "  --no-allow-other  only this user (remembered)\n"
 	 "DIR defaults to the session's previous mountpoint.\n"},
 	{"umount", cli_cmd_umount, "sbx umount NAME [--force]",
 	 "unmount a session, keeping its sandbox",
@@ -99,12 +122,19 @@ static const struct cli_cmd cmds[] = {
 	 "demand under $SBX_HOME/shims) and SBX_SESSION.  Use:\n"
 	 "  eval \"$(sbx env NAME)\"\n"},
 	{"serve", cli_cmd_serve,
-	 "sbx serve [--listen 127.0.0.1:PORT|unix:PATH] [--token-file FILE]",
+	 "sbx serve [--socket PATH|--listen ADDR] [--token-file FILE]",
 	 "serve the session REST API (docs/api.md)",
-	 "  --listen ADDR     127.0.0.1:PORT (default 127.0.0.1:7077; port 0\n"
-	 "                    picks one), [::1]:PORT, or unix:PATH\n"
-	 "  --token-file FILE require this bearer token on every request;\n"
-	 "                    needed for a non-loopback address\n"
+	 "  --socket PATH     a unix socket (default $SBX_HOME/run/serve.sock\n"
+	 "                    when SBX_HOME is set, else\n"
+	 "                    $XDG_RUNTIME_DIR/sbx/serve.sock); only this user\n"
+	 "                    and root may connect\n"
+	 "  --listen ADDR     127.0.0.1:PORT (port 0 picks one), [::1]:PORT,\n"
+	 "                    or unix:PATH (= --socket PATH)\n"
+	 "  --token-file FILE require this bearer token on every request\n"
+	 "                    (mode 0600); on TCP without it a token is\n"
+	 "                    generated and its file printed as\n"
+	 "                    \"token-file PATH\"; needed for a non-loopback\n"
+	 "                    address\n"
 	 "Prints \"listening on ADDR\" on stdout once ready; stops on "
 	 "SIGINT/SIGTERM.\n"},
 	{"gc", cli_cmd_gc, "sbx gc [--provider NAME] [--dry-run]",

@@ -15,11 +15,14 @@ int cli_cmd_mount(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"foreground", no_argument, NULL, 'f'},
+		{"allow-other", no_argument, NULL, 'A'},
+		{"no-allow-other", no_argument, NULL, 'N'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
 	struct sbx_session s;
 	const char *dir = NULL;
+	int allow_other = -1;
 	char *mp = NULL;
 	bool fg = false, created;
 	int opt, rc, lock = -1, ret = CLI_EXIT_FAIL;
@@ -28,6 +31,8 @@ int cli_cmd_mount(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'f': fg = true; break;
+		case 'A': allow_other = 1; break;
+		case 'N': allow_other = 0; break;
 		default: return cli_common_opt("mount", opt);
 		}
 	}
@@ -64,6 +69,8 @@ int cli_cmd_mount(int argc, char **argv)
 		goto fail;
 	free(s.mountpoint);
 	s.mountpoint = mp;
+	if (allow_other >= 0)
+		s.allow_other = allow_other;
 	sbx_session_set_error(&s, NULL, NULL);
 	if (fg) {
 		rc = cli_daemon_foreground(&s, &lock);

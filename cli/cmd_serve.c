@@ -25,31 +25,21 @@
 
 #include "sbx/log.h"
 #include "sbx/paths.h"
+#include "sbx/token.h"
 #include "sbx/xmalloc.h"
 #include "cli_i.h"
 #include "serve_i.h"
 
-#define DEFAULT_LISTEN "127.0.0.1:7077"
+/* Bytes of randomness in a generated token (64 hex characters). */
+#define TOKEN_BYTES 32
 
 struct listener {
 	int fd;
-	char *unix_path; /* removed at exit */
+	char *unix_path;  /* removed at exit */
+	char *token_path; /* a generated token file, removed at exit */
+	char host[INET6_ADDRSTRLEN]; /* TCP: the bound address and port */
+	unsigned port;
 };
-
-/* Constant time in the token's content; the length is not secret. */
-static bool token_match(const struct serve *srv, const char *t)
-{
-	volatile unsigned char diff = 0;
-	size_t n;
-
-	if (!t)
-		return false;
-	n = strlen(t);
-	diff |= (unsigned char)(n != srv->token_len);
-	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? t[i] : 0));
-	return diff == 0;
-}
 
 static bool authorized(const struct serve *srv, struct MHD_Connection *conn)
 {
@@ -61,9 +51,33 @@ static bool authorized(const struct serve *srv, struct MHD_Connection *conn)
 	auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 					   MHD_HTTP_HEADER_AUTHORIZATION);
 	if (auth && strncasecmp(auth, "Bearer ", 7) == 0 &&
-	    token_match(srv, auth + 7))
+	    sbx_token_equal(srv->token, srv->token_len, auth + 7))
 		return true;
-	return token_match(srv, x);
+	return sbx_token_equal(srv->token, srv->token_len, x);
+}
+
+/*
+ * On a unix socket, only the server's own user and root may talk to it
+ * (SO_PEERCRED): the socket's directory and mode already keep others out,
+ * this holds even for a --socket in a shared directory.  *uid_out gets the
+ * peer's uid (or -1 when unknown).
+ */
+static bool peer_allowed(const struct serve *srv, struct MHD_Connection *conn,
+			 long *uid_out)
+{
+	const union MHD_ConnectionInfo *ci;
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	*uid_out = -1;
+	if (!srv->unix_socket)
+		return true;
+	ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (!ci || getsockopt(ci->connect_fd, SOL_SOCKET, SO_PEERCRED, &cr,
+			      &len) < 0)
+		return false;
+	*uid_out = (long)cr.uid;
+	return cr.uid == 0 || cr.uid == geteuid();
 }
 
 static bool content_length(struct MHD_Connection *conn, unsigned long long *out)
@@ -87,6 +101,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	struct serve *srv = cls;
 	struct serve_req *r = *con_cls;
 	unsigned long long clen;
+	long uid;
 
 	if (!r) {
 		r = sbx_xcalloc(1, sizeof(*r));
@@ -97,6 +112,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		sbx_buf_init(&r->body, SERVE_MAX_BODY);
 		*con_cls = r;
 		sbx_error_clear();
+		if (!peer_allowed(srv, conn, &uid))
+			return (enum MHD_Result)serve_reply_errorf(
+				r, MHD_HTTP_FORBIDDEN, "AuthError",
+				"uid %ld may not use this socket: only uid %ld "
+				"(the server's user) and root may",
+				uid, (long)geteuid());
 		if (!authorized(srv, conn))
 			return (enum MHD_Result)serve_reply_errorf(
 				r, MHD_HTTP_UNAUTHORIZED, "AuthError",
@@ -164,24 +185,102 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 static int read_token(struct serve *srv, const char *file)
 {
-	char *text = NULL;
-	size_t n;
+	int rc = sbx_token_file_read(&srv->token, file);
+
+	if (rc < 0)
+		return rc;
+	srv->token_len = strlen(srv->token);
+	return 0;
+}
+
+/*
+ * TCP without --token-file: a new random token each start, written (0600)
+ * to $SBX_HOME/run/serve-HOST-PORT.token, whose path is printed.  Anyone
+ * who can read that file is the server's user (or root) already.
+ */
+static int make_token(struct serve *srv, struct listener *l)
+{
+	char tok[2 * TOKEN_BYTES + 2], *dir = NULL, *text = NULL;
 	int rc;
 
-	rc = sbx_file_read(file, 64 * 1024, &text, NULL);
+	rc = sbx_token_random(tok, TOKEN_BYTES);
 	if (rc < 0)
-		return sbx_error_prefix(rc, "token file");
-	n = strcspn(text, "\r\n");
-	text[n] = '\0';
-	if (n == 0) {
-		free(text);
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "token file %s: the first line is empty",
-				     file);
+		return rc;
+	rc = sbx_paths_subdir(&dir, "run");
+	if (rc < 0)
+		goto out;
+	for (char *p = l->host; *p; p++)
+		if (*p == ':')
+			*p = '_'; /* ::1 */
+	l->token_path = sbx_xasprintf("%s/serve-%s-%u.token", dir, l->host,
+				      l->port);
+	text = sbx_xasprintf("%s\n", tok);
+	rc = sbx_file_write_atomic(l->token_path, text, strlen(text), 0600);
+	if (rc < 0) {
+		rc = sbx_error_prefix(rc, "token file");
+		free(l->token_path);
+		l->token_path = NULL;
+		goto out;
 	}
-	srv->token = text;
-	srv->token_len = n;
+	srv->token = sbx_xstrdup(tok);
+	srv->token_len = strlen(tok);
+	printf("token-file %s\n", l->token_path);
+out:
+	explicit_bzero(tok, sizeof(tok));
+	if (text)
+		explicit_bzero(text, strlen(text));
+	free(text);
+	free(dir);
+	return rc;
+}
+
+/*
+ * The directory of the default socket must be its owner's alone: the
+ * socket's mode is not honoured everywhere, a 0700 directory is.
+ */
+static int private_dir(const char *dir)
+{
+	struct stat st;
+	int rc = sbx_paths_mkdir_p(dir, 0700);
+
+	if (rc < 0)
+		return rc;
+	if (lstat(dir, &st) < 0)
+		return sbx_error_os("%s", dir);
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 077))
+		return sbx_error_set(SBX_ERR_CONFIG, -EPERM,
+				     "%s must be a directory of uid %ld with "
+				     "no access for others (chmod 700 %s), "
+				     "or give --socket PATH",
+				     dir, (long)geteuid(), dir);
 	return 0;
+}
+
+/*
+ * The default socket: $SBX_HOME/run/serve.sock when SBX_HOME is set (one
+ * server per state directory, as the sessions are), else
+ * $XDG_RUNTIME_DIR/sbx/serve.sock, else the default $SBX_HOME's run/.
+ */
+static int default_socket(char **out)
+{
+	const char *home = getenv("SBX_HOME"), *rt = getenv("XDG_RUNTIME_DIR");
+	char *dir = NULL;
+	int rc;
+
+	*out = NULL;
+	if ((!home || !*home) && rt && rt[0] == '/') {
+		dir = sbx_xasprintf("%s/sbx", rt);
+	} else {
+		rc = sbx_paths_subdir(&dir, "run");
+		if (rc < 0)
+			return rc;
+	}
+	rc = private_dir(dir);
+	if (rc == 0)
+		*out = sbx_xasprintf("%s/serve.sock", dir);
+	free(dir);
+	return rc;
 }
 
 static int listen_unix(struct listener *l, const char *path)
@@ -192,7 +291,10 @@ static int listen_unix(struct listener *l, const char *path)
 
 	if (!*path || strlen(path) >= sizeof(sun.sun_path))
 		return sbx_error_set(SBX_ERR_CONFIG, -ENAMETOOLONG,
-				     "bad unix socket path: '%s'", path);
+				     "bad unix socket path (empty, or %zu "
+				     "bytes or more): '%s'; give a shorter "
+				     "--socket PATH",
+				     sizeof(sun.sun_path), path);
 	memcpy(sun.sun_path, path, strlen(path) + 1);
 	/* A stale socket from a previous run; never remove anything else. */
 	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
@@ -287,13 +389,16 @@ static int listen_tcp(struct listener *l, const char *spec, bool have_token)
 		const struct sockaddr_in6 *in6 = (const void *)&ss;
 
 		inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof(addr));
-		printf("listening on [%s]:%u\n", addr, ntohs(in6->sin6_port));
+		l->port = ntohs(in6->sin6_port);
+		printf("listening on [%s]:%u\n", addr, l->port);
 	} else {
 		const struct sockaddr_in *in = (const void *)&ss;
 
 		inet_ntop(AF_INET, &in->sin_addr, addr, sizeof(addr));
-		printf("listening on %s:%u\n", addr, ntohs(in->sin_port));
+		l->port = ntohs(in->sin_port);
+		printf("listening on %s:%u\n", addr, l->port);
 	}
+	memcpy(l->host, addr, sizeof(l->host));
 	l->fd = fd;
 	rc = 0;
 out:
@@ -314,11 +419,14 @@ int cli_cmd_serve(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"listen", required_argument, NULL, 'l'},
+		{"socket", required_argument, NULL, 's'},
 		{"token-file", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
-	const char *listen_spec = DEFAULT_LISTEN, *token_file = NULL;
+	const char *listen_spec = NULL, *socket_path = NULL,
+		   *token_file = NULL;
+	char *dflt_socket = NULL;
 	struct listener l = {.fd = -1};
 	struct MHD_Daemon *d = NULL;
 	struct serve srv;
@@ -328,6 +436,7 @@ int cli_cmd_serve(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': listen_spec = optarg; break;
+		case 's': socket_path = optarg; break;
 		case 't': token_file = optarg; break;
 		default: return cli_common_opt("serve", opt);
 		}
@@ -335,6 +444,25 @@ int cli_cmd_serve(int argc, char **argv)
 	if (optind < argc)
 		return cli_usage("serve", "unexpected argument '%s'",
 				 argv[optind]);
+	if (listen_spec && socket_path)
+		return cli_usage("serve", "give --listen or --socket, not "
+				 "both");
+	if (listen_spec && strncmp(listen_spec, "unix:", 5) == 0)
+		socket_path = listen_spec + 5;
+
+	/*
+	 * SIGPIPE ignored (gone clients); SIGINT/TERM/HUP blocked in every
+	 * thread (MHD's inherit the mask) and taken by sigwait() below.  The
+	 * session daemons forked by `up` unblock them again (daemon.c).
+	 * Blocked before "listening on" is printed, so a script that stops
+	 * the server as soon as it reads that line gets a clean exit.
+	 */
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	serve_init(&srv);
 	if (token_file) {
@@ -344,27 +472,28 @@ int cli_cmd_serve(int argc, char **argv)
 			goto out;
 		}
 	}
-	if (strncmp(listen_spec, "unix:", 5) == 0)
-		rc = listen_unix(&l, listen_spec + 5);
-	else
+	if (!listen_spec && !socket_path) {
+		rc = default_socket(&dflt_socket);
+		if (rc < 0) {
+			ret = cli_report(CLI_EXIT_CONFIG);
+			goto out;
+		}
+		socket_path = dflt_socket;
+	}
+	if (socket_path) {
+		srv.unix_socket = true;
+		rc = listen_unix(&l, socket_path);
+	} else {
 		rc = listen_tcp(&l, listen_spec, srv.token != NULL);
+		/* TCP reaches every local user: never without a token. */
+		if (rc == 0 && !srv.token)
+			rc = make_token(&srv, &l);
+	}
 	if (rc < 0) {
 		ret = cli_report(CLI_EXIT_CONFIG);
 		goto out;
 	}
 	fflush(stdout);
-
-	/*
-	 * SIGPIPE ignored (gone clients); SIGINT/TERM/HUP blocked in every
-	 * thread (MHD's inherit the mask) and taken by sigwait() below.  The
-	 * session daemons forked by `up` unblock them again (daemon.c).
-	 */
-	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	d = MHD_start_daemon(
 		MHD_USE_INTERNAL_POLLING_THREAD |
@@ -379,7 +508,8 @@ int cli_cmd_serve(int argc, char **argv)
 		ret = cli_report(CLI_EXIT_FAIL);
 		goto out;
 	}
-	sbx_info("serving the session API on %s", listen_spec);
+	sbx_info("serving the session API on %s%s", socket_path ? "unix:" : "",
+		 socket_path ? socket_path : listen_spec);
 	do {
 		if (sigwait(&set, &sig) != 0)
 			break;
@@ -397,6 +527,10 @@ out:
 	if (l.unix_path)
 		unlink(l.unix_path);
 	free(l.unix_path);
+	if (l.token_path)
+		unlink(l.token_path);
+	free(l.token_path);
+	free(dflt_socket);
 	serve_fini(&srv);
 	return ret;
 }

@@ -70,13 +70,17 @@ static int serve(const struct sbx_session *s, int ready_fd)
 				      s->session);
 		goto out;
 	}
+	/* Path identity for commands run on another machine (sbx/provider.h). */
+	sb->mountpoint = s->mountpoint;
 	memset(&o, 0, sizeof(o));
 	o.session = s->session;
 	o.mountpoint = s->mountpoint;
 	o.control_socket = s->control_socket;
 	o.sandbox = sb;
 	o.ready_fd = ready_fd;
-	sbx_info("serving session %s at %s", s->session, s->mountpoint);
+	o.allow_other = s->allow_other;
+	sbx_info("serving session %s at %s%s", s->session, s->mountpoint,
+		 s->allow_other ? " (allow_other)" : "");
 	rc = fs_daemon_run(&o);
 	if (rc < 0)
 		sbx_error("session %s: %s", s->session, sbx_error_last()->msg);

@@ -34,8 +34,9 @@ struct cJSON;
 #define SERVE_EV_RING 256
 
 struct serve {
-	char *token; /* NULL: no token configured (loopback only) */
+	char *token; /* NULL: no token (a unix socket without --token-file) */
 	size_t token_len;
+	bool unix_socket; /* peers are checked with SO_PEERCRED */
 	atomic_bool stopping;
 	pthread_mutex_t ops_lock; /* serialises lifecycle operations */
 

@@ -165,6 +165,7 @@ static void flush_blocking(struct run *r, int timeout_ms)
 	}
 }
 
+/* 0 and *out: a REQUEST; 1: a PING (no *out); or -errno. */
 static int read_request(struct run *r, struct sbx_ctl_request **out,
 			int fds[3], int *nfds)
 {
@@ -203,6 +204,8 @@ static int read_request(struct run *r, struct sbx_ctl_request **out,
 		if (n < 0 && n != -EAGAIN)
 			return (int)n;
 	}
+	if (f.type == SBX_CTL_PING)
+		return 1;
 	if (f.type != SBX_CTL_REQUEST)
 		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
 				     "control protocol: expected REQUEST, got "
@@ -485,6 +488,14 @@ static void serve(struct fs_ctl *ctl, int sock)
 		send_error(&r, rc, SBX_CTL_ERR_SBX);
 		goto out;
 	}
+	if (rc == 1) {
+		/* PING (`sbx status`): answer once the daemon's main lock
+		 * could be taken, so that a deadlocked daemon does not. */
+		fs_ping(fs);
+		sbx_ctl_put_u32(b8, (uint32_t)getpid());
+		sbx_ctl_wbuf_put(&r.wb, SBX_CTL_PONG, b8, 4);
+		goto out;
+	}
 	if (!sb->ops->exec_start) {
 		rc = sbx_error_set(SBX_ERR_CONFIG, -ENOSYS,
 				   "session %s: this provider cannot run "
@@ -500,6 +511,9 @@ static void serve(struct fs_ctl *ctl, int sock)
 	xr.tty = req->flags & SBX_CTL_REQ_TTY;
 	xr.rows = req->rows;
 	xr.cols = req->cols;
+	/* The client's umask, not the daemon's umask(0). */
+	xr.has_umask = req->flags & SBX_CTL_REQ_UMASK;
+	xr.umask = (mode_t)req->umask;
 	xr.stdio[0] = xr.stdio[1] = xr.stdio[2] = -1;
 	if ((req->flags & SBX_CTL_REQ_FDS) && nfds == 3 && !xr.tty) {
 		/* The client's own descriptors: the command writes straight

@@ -5,12 +5,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "sbx/fs.h"
@@ -174,6 +176,12 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 	}
 }
 
+void fs_ping(struct fs *fs)
+{
+	pthread_mutex_lock(&fs->lock);
+	pthread_mutex_unlock(&fs->lock);
+}
+
 int fs_barrier_before(struct fs *fs)
 {
 	int fd, rc = 0;
@@ -238,37 +246,164 @@ static void notify_ready(int fd)
 }
 
 /*
- * The kernel caps FUSE readahead at the mount's bdi setting (128 KiB), far
- * below what the backend streams; raise it where we may (root).
- * Found through mountinfo because a stat of our own mountpoint would wait
- * for a loop that is not running yet.  Best effort.
+ * The device (mountinfo's "major:minor") of the newest sbx mount of
+ * `session`, 0 when there is none.  Read from mountinfo because a stat of
+ * our own mountpoint would wait for a loop that is not running yet.
  */
-static void tune_readahead(const char *session, unsigned kib)
+static dev_t mount_dev(const char *session)
 {
-	char line[4096], want[300], path[64];
+	char line[4096], want[300];
 	unsigned maj, min;
-	bool found = false;
+	dev_t dev = 0;
 	FILE *f;
 
 	snprintf(want, sizeof(want), " - fuse.sbx sbx:%s ", session);
 	f = fopen("/proc/self/mountinfo", "re");
 	if (!f)
-		return;
+		return 0;
 	while (fgets(line, sizeof(line), f)) {
 		if (strstr(line, want) &&
 		    sscanf(line, "%*u %*u %u:%u", &maj, &min) == 2)
+			dev = makedev(maj, min);
+	}
+	fclose(f);
+	return dev;
+}
+
+/* True while any mount of device `dev` is in our mount namespace. */
+static bool dev_mounted(dev_t dev)
+{
+	char line[4096];
+	unsigned maj, min;
+	bool found = false;
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	if (!f)
+		return true; /* cannot tell: assume it is */
+	while (!found && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%*u %*u %u:%u", &maj, &min) == 2 &&
+		    makedev(maj, min) == dev)
 			found = true;
 	}
 	fclose(f);
-	if (!found)
+	return found;
+}
+
+/*
+ * The kernel caps FUSE readahead at the mount's bdi setting (128 KiB), far
+ * below what the backend streams; raise it where we may (root).  Best
+ * effort.
+ */
+static void tune_readahead(dev_t dev, unsigned kib)
+{
+	char path[64];
+	FILE *f;
+
+	if (!dev)
 		return;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj,
-		 min);
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
+		 major(dev), minor(dev));
 	f = fopen(path, "we");
 	if (!f)
 		return;
 	fprintf(f, "%u\n", kib);
 	fclose(f);
+}
+
+/*
+ * Noticing a lazy unmount.  `umount -l` (`sbx umount --force` of a busy
+ * mount, `fusermount3 -u -z`) detaches the mount at once, but the kernel
+ * keeps the connection up while a process still has a file or working
+ * directory in it, so the loop would never end.  A thread waits for mount
+ * table changes (mountinfo polls POLLPRI on each); when no mount of our
+ * device is left, it ends the loop: fuse_session_exit(), then a signal to
+ * the loop's thread, which sleeps in sem_wait() (EINTR) until a worker
+ * ends.  The signal is repeated until the loop is over, because one sent
+ * just before sem_wait() is lost.
+ */
+#define DETACH_KICK_MS 20
+
+static void wake_handler(int sig)
+{
+	(void)sig;
+}
+
+static void *detach_thread(void *arg)
+{
+	struct fs *fs = arg;
+	sigset_t all;
+	int mi;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	mi = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	if (mi < 0)
+		return NULL;
+	for (;;) {
+		struct pollfd p[2] = {
+			{ .fd = mi, .events = POLLPRI },
+			{ .fd = fs->detach_wake[0], .events = POLLIN },
+		};
+
+		if (poll(p, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (p[1].revents)
+			break;
+		if (!(p[0].revents & (POLLPRI | POLLERR)) ||
+		    dev_mounted(fs->dev))
+			continue;
+		sbx_info("session %s: no longer mounted; stopping",
+			 fs->session);
+		__atomic_store_n(&fs->detached, true, __ATOMIC_RELEASE);
+		fuse_session_exit(fs->se);
+		while (!__atomic_load_n(&fs->loop_done, __ATOMIC_ACQUIRE)) {
+			pthread_kill(fs->main_thread, SIGUSR1);
+			if (poll(&p[1], 1, DETACH_KICK_MS) > 0)
+				break;
+		}
+		break;
+	}
+	close(mi);
+	return NULL;
+}
+
+static void start_detach_watch(struct fs *fs)
+{
+	/* No SA_RESTART: the kernel would restart the futex wait. */
+	struct sigaction sa = { .sa_handler = wake_handler };
+	int rc;
+
+	if (!fs->dev || pipe2(fs->detach_wake, O_CLOEXEC) < 0)
+		return;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, NULL);
+	fs->main_thread = pthread_self();
+	rc = pthread_create(&fs->detach_thread, NULL, detach_thread, fs);
+	if (rc != 0) {
+		sbx_warn("no lazy-unmount watch: %s", strerror(rc));
+		return;
+	}
+	fs->detach_started = true;
+}
+
+static void stop_detach_watch(struct fs *fs)
+{
+	__atomic_store_n(&fs->loop_done, true, __ATOMIC_RELEASE);
+	if (fs->detach_started) {
+		if (write(fs->detach_wake[1], "x", 1) < 0) {
+			/* a fresh pipe has room */
+		}
+		pthread_join(fs->detach_thread, NULL);
+		fs->detach_started = false;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (fs->detach_wake[i] >= 0)
+			close(fs->detach_wake[i]);
+		fs->detach_wake[i] = -1;
+	}
 }
 
 /*
@@ -324,6 +459,7 @@ int fs_daemon_run(const struct fs_options *o)
 	int rc;
 
 	memset(&fs, 0, sizeof(fs));
+	fs.detach_wake[0] = fs.detach_wake[1] = -1;
 	fs.sb = o->sandbox;
 	if (fs.sb->ops->node_at) {
 		/* A path-based (remote) sandbox: serve it through the cache. */
@@ -355,8 +491,10 @@ int fs_daemon_run(const struct fs_options *o)
 	umask(0);
 	raise_fd_limit();
 
-	opts = sbx_xasprintf("fsname=sbx:%s,subtype=sbx,default_permissions",
-			     o->session);
+	/* default_permissions always: with allow_other the kernel checks
+	 * every user's access against the modes we report. */
+	opts = sbx_xasprintf("fsname=sbx:%s,subtype=sbx,default_permissions%s",
+			     o->session, o->allow_other ? ",allow_other" : "");
 	if (fuse_opt_add_arg(&args, "sbx") != 0 ||
 	    fuse_opt_add_arg(&args, "-o") != 0 ||
 	    fuse_opt_add_arg(&args, opts) != 0 ||
@@ -379,6 +517,14 @@ int fs_daemon_run(const struct fs_options *o)
 	}
 	handlers = true;
 	if (fuse_session_mount(fs.se, o->mountpoint) != 0) {
+		if (o->allow_other && geteuid() != 0) {
+			rc = sbx_error_set(SBX_ERR_CONFIG, -EPERM,
+					   "cannot mount %s with allow_other: "
+					   "a user other than root needs "
+					   "user_allow_other in /etc/fuse.conf",
+					   o->mountpoint);
+			goto out;
+		}
 		rc = sbx_error_set(SBX_ERR_OS, -EIO,
 				   "cannot mount %s (see the log above; is it "
 				   "an existing directory, and is /dev/fuse "
@@ -386,8 +532,9 @@ int fs_daemon_run(const struct fs_options *o)
 		goto out;
 	}
 	mounted = true;
+	fs.dev = mount_dev(o->session);
 	/* Remote: more in flight hides the round trip (8 MiB = 8 reads). */
-	tune_readahead(o->session, fs.cached ? 8192 : 1024);
+	tune_readahead(fs.dev, fs.cached ? 8192 : 1024);
 
 	rc = start_watch(&fs);
 	if (rc < 0)
@@ -400,6 +547,7 @@ int fs_daemon_run(const struct fs_options *o)
 	sbx_info("serving session %s at %s (%s caching)", o->session,
 		 o->mountpoint, fs.watching ? "change-stream" : "short-timeout");
 	notify_ready(o->ready_fd);
+	start_detach_watch(&fs);
 
 	loop = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(loop, 1);
@@ -407,16 +555,23 @@ int fs_daemon_run(const struct fs_options *o)
 							   : 16);
 	fuse_loop_cfg_set_idle_threads(loop, 4);
 	rc = fuse_session_loop_mt(fs.se, loop);
-	if (rc != 0)
+	stop_detach_watch(&fs);
+	if (rc != 0 && !fs.detached)
 		sbx_warn("FUSE loop ended with %d", rc);
 	rc = 0;
 
 out:
+	stop_detach_watch(&fs);
 	fuse_loop_cfg_destroy(loop);
 	fs_ctl_stop(fs.ctl);
 	if (fs.watching)
 		fs.sb->ops->watch_stop(fs.sb);
-	if (mounted)
+	/*
+	 * Not when it is gone already (a lazy unmount, or an abort): the
+	 * unmount would go by path, and fail, or detach a newer mount there.
+	 * fuse_session_destroy() closes the connection.
+	 */
+	if (mounted && (!fs.dev || dev_mounted(fs.dev)))
 		fuse_session_unmount(fs.se);
 	if (handlers)
 		fuse_remove_signal_handlers(fs.se);

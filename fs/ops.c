@@ -114,6 +114,45 @@ static void reply_err(fuse_req_t req, const char *op, int rc)
 	fuse_reply_err(req, -rc);
 }
 
+/*
+ * A name longer than NAME_MAX gets ENAMETOOLONG here, as from ext4, for
+ * every provider: the kernel passes FUSE names of up to 1024 bytes, and a
+ * caching layer that knows a directory's complete listing would otherwise
+ * answer ENOENT without asking the sandbox.  True when it replied.
+ */
+static bool name_too_long(fuse_req_t req, const char *op, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n <= NAME_MAX)
+		return false;
+	reply_err(req, op,
+		  sbx_error_set(SBX_ERR_OS, -ENAMETOOLONG,
+				"a name of %zu bytes (at most %d)", n,
+				NAME_MAX));
+	return true;
+}
+
+/*
+ * Tell the provider who creates (sbx/provider.h, struct sbx_caller): with
+ * a shared mount, a new object belongs to the caller, not to the daemon.
+ * Cleared with caller_end() right after the provider call.
+ */
+static void caller_begin(fuse_req_t req)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct sbx_caller c = {
+		.uid = ctx->uid, .gid = ctx->gid, .umask = ctx->umask,
+	};
+
+	sbx_caller_set(&c);
+}
+
+static void caller_end(void)
+{
+	sbx_caller_set(NULL);
+}
+
 /* Fill and send an entry reply for a node the provider just handed us. */
 static void reply_entry(fuse_req_t req, struct fs *fs, fuse_ino_t parent,
 			const char *name, struct sbx_node *node,
@@ -171,6 +210,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct stat st;
 	int rc;
 
+	if (name_too_long(req, "lookup", name))
+		return;
+
 	rc = fs->sb->ops->lookup(fs->sb, node_of(fs, parent), name, &node, &st);
 	if (rc == -ENOENT && fs_healthy(fs)) {
 		/* Negative entry: cached until the change stream says so. */
@@ -217,6 +259,51 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino,
 	fuse_reply_attr(req, &st, fs_timeout(fs));
 }
 
+/*
+ * A truncation by name (open with O_TRUNC, truncate(2)) through a dentry
+ * the kernel still holds for a file that was since removed or renamed in
+ * the worktree, before the inotify invalidation arrived (docs/design.md,
+ * "Zero-message opens").  On ext4 the name would not find that file any
+ * more, so the open would create a new one; here the truncation and the
+ * writes after it would go to the removed file and be lost.  Such a
+ * setattr comes without a file handle (the kernel sends none for O_TRUNC
+ * or a path), which tells it from ftruncate(2) on a descriptor, which
+ * must keep working on a removed file.  True when the inode is no longer
+ * found under the name we know for it: no links left, or (a single link)
+ * another name.  Hard-linked files are only checked for links.
+ */
+static bool stale_by_name(struct fs *fs, fuse_ino_t ino)
+{
+	struct fs_inode *in = fs_inode_get(fs, ino);
+	struct sbx_node *node = in->node;
+	const char *base;
+	char *name = NULL, *path = NULL;
+	struct stat st;
+	bool stale = false;
+
+	if (fs->sb->ops->getattr(fs->sb, node, NULL, &st) < 0 ||
+	    !S_ISREG(st.st_mode)) {
+		sbx_error_clear();
+		return false;
+	}
+	if (st.st_nlink == 0)
+		return true;
+	if (st.st_nlink > 1 || !fs->sb->ops->node_path)
+		return false;
+	pthread_mutex_lock(&fs->lock);
+	if (in->name)
+		name = sbx_xstrdup(in->name);
+	pthread_mutex_unlock(&fs->lock);
+	if (name && fs->sb->ops->node_path(fs->sb, node, &path) == 0) {
+		base = strrchr(path, '/');
+		stale = strcmp(base ? base + 1 : path, name) != 0;
+	}
+	sbx_error_clear();
+	free(path);
+	free(name);
+	return stale;
+}
+
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		       int valid, struct fuse_file_info *fi)
 {
@@ -224,6 +311,17 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	struct stat st;
 	int rc;
 
+	/*
+	 * ESTALE makes the kernel walk the path again with LOOKUP_REVAL,
+	 * which revalidates the dentry by a LOOKUP: the name is gone, so
+	 * O_CREAT creates a new file and truncate(2) says ENOENT.
+	 */
+	if (fs->zero_open && (valid & FUSE_SET_ATTR_SIZE) && !fi &&
+	    stale_by_name(fs, ino))
+		return reply_err(req, "setattr",
+				 sbx_error_set(SBX_ERR_OS, -ESTALE,
+					       "truncate by a name that no "
+					       "longer leads to the file"));
 	/* SBX_SET_* share FUSE_SET_ATTR_* values (see sbx/provider.h). */
 	rc = fs->sb->ops->setattr(fs->sb, node_of(fs, ino), pfile_of(fi), attr,
 				  valid, &st);
@@ -256,8 +354,13 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct stat st;
 	int rc;
 
+	if (name_too_long(req, "mknod", name))
+		return;
+
+	caller_begin(req);
 	rc = fs->sb->ops->mknod(fs->sb, node_of(fs, parent), name, mode, rdev,
 				&node, &st);
+	caller_end();
 	if (rc < 0)
 		return reply_err(req, "mknod", rc);
 	reply_entry(req, fs, parent, name, node, &st);
@@ -271,8 +374,13 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct stat st;
 	int rc;
 
+	if (name_too_long(req, "mkdir", name))
+		return;
+
+	caller_begin(req);
 	rc = fs->sb->ops->mkdir(fs->sb, node_of(fs, parent), name, mode, &node,
 				&st);
+	caller_end();
 	if (rc < 0)
 		return reply_err(req, "mkdir", rc);
 	reply_entry(req, fs, parent, name, node, &st);
@@ -286,8 +394,13 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 	struct stat st;
 	int rc;
 
+	if (name_too_long(req, "symlink", name))
+		return;
+
+	caller_begin(req);
 	rc = fs->sb->ops->symlink(fs->sb, link, node_of(fs, parent), name,
 				  &node, &st);
+	caller_end();
 	if (rc < 0)
 		return reply_err(req, "symlink", rc);
 	reply_entry(req, fs, parent, name, node, &st);
@@ -300,6 +413,9 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct sbx_node *node;
 	struct stat st;
 	int rc;
+
+	if (name_too_long(req, "link", newname))
+		return;
 
 	rc = fs->sb->ops->link(fs->sb, node_of(fs, ino),
 			       node_of(fs, newparent), newname, &node, &st);
@@ -334,6 +450,10 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs *fs = fs_of(req);
 	int rc;
+
+	if (name_too_long(req, "rename", name) ||
+	    name_too_long(req, "rename", newname))
+		return;
 
 	rc = fs->sb->ops->rename(fs->sb, node_of(fs, parent), name,
 				 node_of(fs, newparent), newname, flags);
@@ -405,12 +525,17 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fs_inode *in;
 	int rc;
 
+	if (name_too_long(req, "create", name))
+		return;
+
 	int flags = fi->flags;
 
 	memset(&res, 0, sizeof(res));
 	memset(&e, 0, sizeof(e));
+	caller_begin(req);
 	rc = fs->sb->ops->create(fs->sb, node_of(fs, parent), name, mode,
 				 flags, &node, &e.attr, &res);
+	caller_end();
 	if (rc < 0)
 		return reply_err(req, "create", rc);
 	in = fs_inode_remember(fs, parent, name, node, &e.attr);

@@ -56,7 +56,7 @@ static int reclass(int rc)
 
 int sbx_config_validate(const cJSON *layer, const char *source)
 {
-	const cJSON *local = NULL, *sec = NULL;
+	const cJSON *local = NULL, *sec = NULL, *mount = NULL;
 	const char *s = NULL;
 	char where[320];
 	bool b;
@@ -92,6 +92,36 @@ int sbx_config_validate(const cJSON *layer, const char *source)
 	for (size_t i = 0; provider_names[i]; i++) {
 		rc = sbx_json_get_object(&sec, layer, provider_names[i],
 					 source);
+		if (rc < 0)
+			return reclass(rc);
+	}
+
+	/* The repository keys of `sbx up` (docs/configuration.md). */
+	rc = sbx_json_get_string(&s, layer, "ref", source);
+	if (rc == 0)
+		rc = sbx_json_get_bool(&b, layer, "carry_changes", false,
+				       source);
+	if (rc == 0)
+		rc = sbx_json_get_bool(&b, layer, "no_repo", false, source);
+	if (rc == 0) {
+		long long depth;
+
+		rc = sbx_json_get_int(&depth, layer, "depth", 0, source);
+		if (rc == 0 && depth < 0)
+			return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
+					     "%s: \"depth\" must be 0 (full "
+					     "history) or a number of commits",
+					     source);
+	}
+	if (rc < 0)
+		return reclass(rc);
+
+	rc = sbx_json_get_object(&mount, layer, "mount", source);
+	if (rc < 0)
+		return reclass(rc);
+	if (mount) {
+		snprintf(where, sizeof(where), "%s: mount", source);
+		rc = sbx_json_get_bool(&b, mount, "allow_other", false, where);
 		if (rc < 0)
 			return reclass(rc);
 	}
@@ -238,6 +268,14 @@ const cJSON *sbx_config_section(const cJSON *cfg, const char *name)
 		return NULL;
 	sec = cJSON_GetObjectItemCaseSensitive(cfg, name);
 	return cJSON_IsObject(sec) ? sec : NULL;
+}
+
+bool sbx_config_allow_other(const cJSON *cfg)
+{
+	const cJSON *mount = cJSON_GetObjectItemCaseSensitive(cfg, "mount");
+
+	return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(mount,
+							     "allow_other"));
 }
 
 int sbx_config_mount_root(char **out, const cJSON *cfg)

@@ -339,6 +339,8 @@ int sbx_ctl_request_encode(uint8_t **out, size_t *len_out,
 		len += strlen(req->argv[i]) + 1;
 	for (i = 0; i < envc; i++)
 		len += strlen(req->envp[i]) + 1;
+	if (req->flags & SBX_CTL_REQ_UMASK)
+		len += 4;
 	if (len > SBX_CTL_REQUEST_MAX)
 		return sbx_error_set(SBX_ERR_CONFIG, -E2BIG,
 				     "command line and environment are too "
@@ -364,6 +366,8 @@ int sbx_ctl_request_encode(uint8_t **out, size_t *len_out,
 	for (i = 0; i < envc; i++)
 		PUTS(req->envp[i]);
 #undef PUTS
+	if (req->flags & SBX_CTL_REQ_UMASK)
+		sbx_ctl_put_u32(p, req->umask & 0777);
 	*out = buf;
 	*len_out = len;
 	return 0;
@@ -372,7 +376,7 @@ int sbx_ctl_request_encode(uint8_t **out, size_t *len_out,
 int sbx_ctl_request_decode(struct sbx_ctl_request **out, const uint8_t *data,
 			   size_t len)
 {
-	uint32_t argc, envc, version;
+	uint32_t argc, envc, version, flags, umask_v = 0;
 	size_t nstr, i, slen;
 	struct sbx_ctl_request *r;
 	char *strs, *s, *end;
@@ -390,6 +394,19 @@ int sbx_ctl_request_decode(struct sbx_ctl_request **out, const uint8_t *data,
 				     version, SBX_CTL_VERSION);
 	argc = sbx_ctl_get_u32(data + 12);
 	envc = sbx_ctl_get_u32(data + 16);
+	flags = sbx_ctl_get_u32(data + 4);
+	if (flags & SBX_CTL_REQ_UMASK) {
+		/* A trailing u32 after the strings. */
+		if (len < REQ_FIXED + 4)
+			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
+					     "control protocol: short REQUEST");
+		len -= 4;
+		umask_v = sbx_ctl_get_u32(data + len);
+		if (umask_v > 0777)
+			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
+					     "control protocol: bad umask %o",
+					     umask_v);
+	}
 	slen = len - REQ_FIXED;
 	/* Every string takes at least its NUL. */
 	if (argc == 0 || argc > slen || envc > slen ||
@@ -407,7 +424,8 @@ int sbx_ctl_request_decode(struct sbx_ctl_request **out, const uint8_t *data,
 	strs = (char *)(r->envp + envc + 1);
 	memcpy(strs, data + REQ_FIXED, slen);
 	r->version = version;
-	r->flags = sbx_ctl_get_u32(data + 4);
+	r->flags = flags;
+	r->umask = umask_v;
 	r->rows = get_u16(data + 8);
 	r->cols = get_u16(data + 10);
 	s = strs;
@@ -530,6 +548,64 @@ out:
 int sbx_ctl_connect(const char *path, int timeout_ms, int *fd_out)
 {
 	return try_connect(path, timeout_ms > 0 ? timeout_ms : 3000, fd_out);
+}
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int sbx_ctl_ping(const char *path, int timeout_ms)
+{
+	long long end = mono_ms() + timeout_ms;
+	struct sbx_ctl_rbuf rb;
+	struct sbx_ctl_frame f;
+	uint8_t hdr[SBX_CTL_HEADER_SIZE];
+	int fd, rc;
+
+	rc = try_connect(path, timeout_ms, &fd);
+	if (rc < 0)
+		return rc;
+	sbx_ctl_rbuf_init(&rb, SBX_CTL_SMALL_MAX);
+	put_header(hdr, SBX_CTL_PING, 0);
+	/* 8 bytes always fit a fresh socket's buffer. */
+	if (write(fd, hdr, sizeof(hdr)) != (ssize_t)sizeof(hdr)) {
+		rc = sbx_error_os("control socket %s", path);
+		goto out;
+	}
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		long long left = end - mono_ms();
+		ssize_t n;
+
+		rc = sbx_ctl_rbuf_next(&rb, &f);
+		if (rc != 0) {
+			/* A frame, or garbage: someone answered. */
+			sbx_error_clear();
+			rc = 0;
+			break;
+		}
+		if (left <= 0 || poll(&p, 1, (int)left) == 0) {
+			rc = sbx_error_set(SBX_ERR_STATE, -ETIMEDOUT,
+					   "no answer on the control socket "
+					   "%s within %d ms", path,
+					   timeout_ms);
+			break;
+		}
+		n = sbx_ctl_rbuf_fill(&rb, fd);
+		if (n == 0 || (n < 0 && n != -EAGAIN && n != -EINTR)) {
+			sbx_error_clear(); /* closed: it answered that way */
+			rc = 0;
+			break;
+		}
+	}
+out:
+	sbx_ctl_rbuf_fini(&rb);
+	close(fd);
+	return rc;
 }
 
 int sbx_ctl_listen(const char *path, int *fd_out)
@@ -1113,6 +1189,32 @@ static int send_with_fds(int sock, const uint8_t *payload, size_t plen,
 	return 0;
 }
 
+/*
+ * This process's umask, without changing it: /proc/self/status has it
+ * (Linux 4.7); else the umask(2) round trip, which briefly changes it for
+ * every thread (the clients are single-threaded).
+ */
+static mode_t process_umask(void)
+{
+	char line[128];
+	unsigned v;
+	mode_t m;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	if (f) {
+		while (fgets(line, sizeof(line), f)) {
+			if (sscanf(line, "Umask: %o", &v) == 1) {
+				fclose(f);
+				return (mode_t)(v & 0777);
+			}
+		}
+		fclose(f);
+	}
+	m = umask(022);
+	umask(m);
+	return m & 0777;
+}
+
 int sbx_ctl_run(const struct sbx_ctl_run_opts *o, int *status_out)
 {
 	struct sigaction old[NFWD];
@@ -1128,6 +1230,9 @@ int sbx_ctl_run(const struct sbx_ctl_run_opts *o, int *status_out)
 	sbx_ctl_wbuf_init(&c.wb);
 
 	req.flags = o->tty ? SBX_CTL_REQ_TTY : 0;
+	/* The command creates files as the caller would (docs/exec.md). */
+	req.flags |= SBX_CTL_REQ_UMASK;
+	req.umask = process_umask();
 	req.cwd = (char *)(o->cwd ? o->cwd : "");
 	req.argv = (char **)o->argv;
 	req.envp = (char **)o->envp;

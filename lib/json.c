@@ -109,6 +109,33 @@ static void strip_trailing_commas(char *t, size_t len)
 	}
 }
 
+/*
+ * The offset of the first "\u0000" escape inside a string, or `len` when
+ * there is none.  cJSON decodes it into the string, which then ends there
+ * as a C string: "a\u0000b" would silently become "a" (a path, a name, an
+ * argument), so such text is refused like a raw NUL byte.
+ */
+static size_t escaped_nul(const char *t, size_t len)
+{
+	bool in_str = false;
+
+	for (size_t i = 0; i < len; i++) {
+		if (!in_str) {
+			in_str = t[i] == '"';
+			continue;
+		}
+		if (t[i] == '"') {
+			in_str = false;
+		} else if (t[i] == '\\' && i + 1 < len) {
+			if (t[i + 1] == 'u' && i + 5 < len &&
+			    !memcmp(t + i + 2, "0000", 4))
+				return i;
+			i++; /* the escaped character */
+		}
+	}
+	return len;
+}
+
 int sbx_json_parse(cJSON **out, const char *text, size_t len,
 		   const char *source)
 {
@@ -134,6 +161,12 @@ int sbx_json_parse(cJSON **out, const char *text, size_t len,
 	if (rc < 0)
 		goto out;
 	strip_trailing_commas(copy, len);
+	off = escaped_nul(copy, len);
+	if (off < len) {
+		rc = syntax_error(source, text, off,
+				  "\\u0000 (a NUL character) in a string");
+		goto out;
+	}
 
 	for (off = 0; off < len && isspace((unsigned char)copy[off]); off++)
 		;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +93,8 @@ cJSON *sbx_session_to_json(const struct sbx_session *s)
 	sbx_json_set_take(j, "pid", cJSON_CreateNumber((double)s->pid));
 	sbx_json_set_str(j, "control_socket", s->control_socket);
 	sbx_json_set_str(j, "isolation", s->isolation);
+	if (s->allow_other)
+		sbx_json_set_take(j, "allow_other", cJSON_CreateBool(1));
 	if (s->error_type) {
 		cJSON *e = cJSON_CreateObject();
 
@@ -114,7 +117,7 @@ int sbx_session_from_json(struct sbx_session *out, const cJSON *j,
 	const char *sock, *iso, *etype = NULL, *emsg = NULL;
 	const cJSON *pcfg, *err;
 	long long pid;
-	bool remote;
+	bool remote, allow_other;
 	int rc;
 
 	sbx_session_init(out);
@@ -138,6 +141,8 @@ int sbx_session_from_json(struct sbx_session *out, const cJSON *j,
 	    (rc = sbx_json_get_string(&sock, j, "control_socket", source)) <
 		    0 ||
 	    (rc = sbx_json_get_string(&iso, j, "isolation", source)) < 0 ||
+	    (rc = sbx_json_get_bool(&allow_other, j, "allow_other", false,
+				    source)) < 0 ||
 	    (rc = sbx_json_get_object(&err, j, "error", source)) < 0)
 		return rc;
 	if (err && ((rc = sbx_json_get_string(&etype, err, "type", source)) <
@@ -173,6 +178,7 @@ int sbx_session_from_json(struct sbx_session *out, const cJSON *j,
 	out->pid = (pid_t)pid;
 	out->control_socket = dup_or_null(sock);
 	out->isolation = dup_or_null(iso);
+	out->allow_other = allow_other;
 	if (etype)
 		sbx_session_set_error(out, etype, emsg);
 	return 0;
@@ -347,12 +353,13 @@ int sbx_state_lock(int *fd_out, const char *name, bool exclusive,
 	rc = sbx_paths_session_file(&path, "sessions", name, ".lock");
 	if (rc < 0)
 		return rc;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+again:
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
 	if (fd < 0) {
 		rc = sbx_error_os("open lock file %s", path);
 		goto out;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &start);
 	/*
 	 * Poll with LOCK_NB instead of blocking with an alarm: no signal
 	 * handlers to install, and the wait is bounded exactly.
@@ -381,6 +388,22 @@ int sbx_state_lock(int *fd_out, const char *name, bool exclusive,
 		}
 		nanosleep(&nap, NULL);
 	}
+	/*
+	 * The holder we waited for may have removed the lock file
+	 * (sbx_state_unlock_forget()): then this lock is on a file nobody
+	 * else will open.  Lock the one at the path instead.
+	 */
+	{
+		struct stat a, b;
+
+		if (fstat(fd, &a) == 0 &&
+		    (stat(path, &b) < 0 || a.st_ino != b.st_ino ||
+		     a.st_dev != b.st_dev)) {
+			close(fd);
+			fd = -1;
+			goto again;
+		}
+	}
 	*fd_out = fd;
 	fd = -1;
 	rc = 0;
@@ -395,4 +418,24 @@ void sbx_state_unlock(int fd)
 {
 	if (fd >= 0)
 		close(fd); /* closing the last reference drops the flock */
+}
+
+void sbx_state_unlock_forget(int fd, const char *name)
+{
+	struct sbx_error saved = *sbx_error_last(); /* the caller's */
+	char *path = NULL;
+
+	if (fd < 0)
+		return;
+	/* Still held: nobody can be between locking and checking it. */
+	if (name && !sbx_state_exists(name) &&
+	    sbx_paths_session_file(&path, "sessions", name, ".lock") == 0)
+		(void)unlink(path);
+	free(path);
+	close(fd);
+	if (saved.klass == SBX_ERR_NONE)
+		sbx_error_clear();
+	else
+		sbx_error_setd(saved.klass, saved.code, saved.detail, "%s",
+			       saved.msg);
 }

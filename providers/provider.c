@@ -70,6 +70,21 @@ void sbx_provider_free(struct sbx_provider *p)
 		p->ops->free(p);
 }
 
+static __thread struct sbx_caller tl_caller;
+static __thread bool tl_caller_set;
+
+void sbx_caller_set(const struct sbx_caller *c)
+{
+	tl_caller_set = c != NULL;
+	if (c)
+		tl_caller = *c;
+}
+
+const struct sbx_caller *sbx_caller_get(void)
+{
+	return tl_caller_set ? &tl_caller : NULL;
+}
+
 void sbx_sandbox_free(struct sbx_sandbox *sb)
 {
 	if (sb)
@@ -102,4 +117,21 @@ void sbx_sandbox_info_fini(struct sbx_sandbox_info *info)
 	free(info->isolation);
 	cJSON_Delete(info->extra);
 	memset(info, 0, sizeof(*info));
+}
+
+void sbx_repo_state_fini(struct sbx_repo_state *st)
+{
+	if (!st)
+		return;
+	free(st->head);
+	free(st->oid);
+	for (size_t i = 0; i < st->nloose; i++)
+		free(st->loose[i]);
+	free(st->loose);
+	for (size_t i = 0; i < st->npacks; i++) {
+		free(st->packs[i].name);
+		free(st->packs[i].keep);
+	}
+	free(st->packs);
+	memset(st, 0, sizeof(*st));
 }

@@ -16,6 +16,7 @@
  *   {"provider": "local" | "remote" | "kubernetes" | "modal",
  *    "mount_root": "~/sbx",
  *    "local": {"isolation": "none" | "bwrap", "network": true},
+ *    "mount": {"allow_other": false},
  *    "remote": {...}, "kubernetes": {...}, "modal": {...}}
  * Files are JSONC (comments and trailing commas allowed).  Unknown keys are
  * ignored so that newer files work with older sbx.  Each layer is validated
@@ -77,5 +78,11 @@ const struct cJSON *sbx_config_section(const struct cJSON *cfg,
  * malloc'd.
  */
 SBX_WUR int sbx_config_mount_root(char **out, const struct cJSON *cfg);
+
+/*
+ * "mount": {"allow_other": true}: mount so that other users may use the
+ * mount (false when unset).
+ */
+bool sbx_config_allow_other(const struct cJSON *cfg);
 
 #endif

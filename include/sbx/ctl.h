@@ -39,12 +39,14 @@ enum sbx_ctl_type {
 	SBX_CTL_STDIN_EOF = 3, /* close the command's stdin; empty payload */
 	SBX_CTL_SIGNAL = 4,    /* u32 Linux signal number */
 	SBX_CTL_RESIZE = 5,    /* u16 rows, u16 cols (tty mode) */
+	SBX_CTL_PING = 6,      /* instead of REQUEST: "do you answer?" */
 	/* daemon -> client */
 	SBX_CTL_STARTED = 16,  /* u32 pid: barrier passed, command running */
 	SBX_CTL_STDOUT = 17,   /* bytes the command wrote to stdout (or pty) */
 	SBX_CTL_STDERR = 18,   /* bytes the command wrote to stderr */
 	SBX_CTL_EXIT = 19,     /* u32 wait(2) status; the last frame */
 	SBX_CTL_ERROR = 20,    /* u32 errno, u32 kind, message; the last */
+	SBX_CTL_PONG = 21,     /* the answer to PING (u32 pid); the last */
 };
 
 /* ERROR kinds: who failed (decides the client's exit code). */
@@ -66,6 +68,10 @@ enum sbx_ctl_error_kind {
 /* The REQUEST frame's first bytes carry 3 descriptors (SCM_RIGHTS): the
  * client's stdin, stdout, stderr, for the command to use directly. */
 #define SBX_CTL_REQ_FDS 0x2
+/* The payload ends with a u32 after the strings: the client's umask(2),
+ * which the command gets (docs/exec.md).  Without it the daemon uses
+ * 022. */
+#define SBX_CTL_REQ_UMASK 0x4
 
 /* STARTED flags (second u32 of its payload). */
 #define SBX_CTL_STARTED_FDS 0x1 /* the command got the client's descriptors:
@@ -173,6 +179,7 @@ struct sbx_ctl_request {
 	char *cwd;          /* "" = the sandbox workdir; relative = below it */
 	char **argv;        /* argc >= 1 */
 	char **envp;
+	uint32_t umask;     /* with SBX_CTL_REQ_UMASK: the client's umask */
 };
 
 /*
@@ -203,6 +210,17 @@ void sbx_ctl_wbuf_put_error(struct sbx_ctl_wbuf *wb, int err, int kind,
  */
 SBX_WUR int sbx_ctl_listen(const char *path, int *fd_out);
 SBX_WUR int sbx_ctl_connect(const char *path, int timeout_ms, int *fd_out);
+
+/*
+ * Liveness probe: connect to the daemon at `path`, send PING and wait for
+ * any answer (PONG; ERROR from a daemon that predates PING; or the end of
+ * the connection), all within `timeout_ms` in total.  0 when it answered;
+ * -ETIMEDOUT (STATE) when it did not: the daemon is stopped or stuck (a
+ * connect succeeds through the listen backlog even then);
+ * -ECONNREFUSED/-ENOENT when nobody listens.  The daemon answers after
+ * taking its inode table lock, so a deadlocked daemon does not answer.
+ */
+SBX_WUR int sbx_ctl_ping(const char *path, int timeout_ms);
 
 /* ------------------------------------------------------------------------ */
 /* The client: one implementation for the shim, `sbx exec` and `sbx shell`. */
@@ -242,7 +260,8 @@ struct sbx_ctl_run_opts {
  * A daemon that is not running gives -ECONNREFUSED/-ENOENT with the message
  * "session NAME's daemon is not running; run `sbx mount NAME`".
  * The terminal mode of in_fd is restored on every return path (and at
- * exit(3) as a last resort).
+ * exit(3) as a last resort).  The command gets this process's umask
+ * (SBX_CTL_REQ_UMASK).
  */
 SBX_WUR int sbx_ctl_run(const struct sbx_ctl_run_opts *o, int *status_out);
 

@@ -62,6 +62,9 @@ struct sbx_exec_handle;
  *        remote one) fails with -EXDEV when any is >= 0; the caller then
  *        retries with pipes.  The handle's fields for the streams given
  *        here are -1.
+ *  umask the command's file mode creation mask when `has_umask` (the
+ *        client's, docs/exec.md); otherwise SBX_EXEC_DEFAULT_UMASK, never
+ *        the daemon's own (which is 0).
  */
 struct sbx_exec_request {
 	const char *const *argv;
@@ -71,7 +74,11 @@ struct sbx_exec_request {
 	unsigned short rows;
 	unsigned short cols;
 	int stdio[3];
+	bool has_umask;
+	mode_t umask;
 };
+
+#define SBX_EXEC_DEFAULT_UMASK 022
 
 /*
  * Operations of a handle; every one is required.

@@ -22,6 +22,13 @@ struct fs_options {
 	struct sbx_sandbox *sandbox; /* borrowed; must outlive the call */
 	int ready_fd;   /* >= 0: write one byte once mounted, then close */
 	bool debug;     /* libfuse debug output */
+	/*
+	 * Mount with allow_other: other users (a build running as another
+	 * uid, root-owned tools) may use the mount; the kernel still checks
+	 * modes (default_permissions).  A non-root daemon needs
+	 * user_allow_other in /etc/fuse.conf.
+	 */
+	bool allow_other;
 	unsigned max_threads; /* 0: default */
 };
 

@@ -35,7 +35,8 @@ struct cJSON;
  * Parse `len` bytes of JSONC text.  `source` names the text in error
  * messages ("config.json", "<command line>").  On error the message is
  * "<source>:<line>:<col>: <what>" and *out is NULL.  A NUL byte inside the
- * text is an error.
+ * text is an error, and so is a string holding U+0000 ("\u0000"): it
+ * could only reach C as a string cut short.
  */
 SBX_WUR int sbx_json_parse(struct cJSON **out, const char *text, size_t len,
 			   const char *source);

@@ -284,6 +284,53 @@ struct sbx_bulk_opts {
 struct sbx_exec_request;  /* sbx/exec.h */
 struct sbx_exec_handle;   /* sbx/exec.h */
 
+/*
+ * The repository of a sandbox without git in it (docs/design.md,
+ * "Repository in and out"; the agent's /v1/repo routes, docs/protocol.md).
+ * The client computes everything with libgit2; the sandbox stores and
+ * hands back files.
+ */
+
+/* What repo_seed() did. */
+struct sbx_repo_seed_result {
+	uint64_t entries;         /* tar entries extracted */
+	uint64_t bytes;           /* file content written */
+	uint64_t index_entries;   /* entries of .git/index */
+	uint64_t index_refreshed; /* of which the sandbox filled stat data */
+};
+
+/* A pack of the sandbox's repository (objects/pack/NAME.pack + .idx). */
+struct sbx_repo_pack {
+	char *name;     /* "pack-<40 hex>" */
+	uint64_t size;  /* of the .pack */
+	uint64_t idx_size;
+	char *keep;     /* content of NAME.keep, NULL when there is none */
+};
+
+/* The sandbox repository's HEAD, one ref and its object files. */
+struct sbx_repo_state {
+	char *head;     /* HEAD as stored ("ref: refs/heads/x" or an id) */
+	char *oid;      /* the asked ref's object id (40 hex), NULL: absent */
+	bool shallow;   /* .git/shallow is not empty */
+	char **loose;   /* ids (40 hex) of the loose objects */
+	size_t nloose;
+	struct sbx_repo_pack *packs;
+	size_t npacks;
+};
+
+void sbx_repo_state_fini(struct sbx_repo_state *st);
+
+/*
+ * Receives the files asked for with repo_objects(), in order, each in one
+ * or more pieces: `name` as asked, `size` the whole file's, `data`/`len`
+ * the piece at `offset`.  A file that could not be read comes once with
+ * `err` < 0 (-ENOENT: packed or removed meanwhile) and no data.  Non-zero
+ * stops the transfer and is returned.
+ */
+typedef int (*sbx_repo_object_cb)(const char *name, uint64_t size,
+				  uint64_t offset, const void *data,
+				  size_t len, int err, void *payload);
+
 struct sbx_sandbox_ops {
 	unsigned version; /* SBX_SANDBOX_OPS_VERSION */
 
@@ -482,13 +529,72 @@ struct sbx_sandbox_ops {
 
 	/* Release the sandbox handle (not the sandbox).  Accepts NULL. */
 	void (*free)(struct sbx_sandbox *sb);
+
+	/*
+	 * Optional: the repository endpoints, for sandboxes on another
+	 * machine (NULL: -ENOSYS).  Paths are relative to the root; "" is
+	 * the workdir itself.
+	 *
+	 * repo_seed: extract the tar read from `tar_fd` (to EOF) into
+	 * `path`, which must be empty or absent (-ENOTEMPTY otherwise), then
+	 * refresh `path`/.git/index; a failure leaves `path` empty.
+	 * repo_state: HEAD, `ref` (may be NULL) and the object files of the
+	 * repository at `path` (-ENOENT: no .git there); fini *out.
+	 * repo_objects: stream `names` ("ab/cdef..." loose objects,
+	 * "pack/pack-ID.pack|.idx|.keep") of `path`/.git/objects to cb.
+	 * None has a total time bound; each fails when nothing moves for the
+	 * configured timeout.
+	 */
+	int (*repo_seed)(struct sbx_sandbox *sb, const char *path, int tar_fd,
+			 struct sbx_repo_seed_result *out);
+	int (*repo_state)(struct sbx_sandbox *sb, const char *path,
+			  const char *ref, struct sbx_repo_state *out);
+	int (*repo_objects)(struct sbx_sandbox *sb, const char *path,
+			    const char *const *names, size_t n,
+			    sbx_repo_object_cb cb, void *payload);
 };
 
 struct sbx_sandbox {
 	const struct sbx_sandbox_ops *ops;
 	char *session;   /* owned */
 	char *workdir;   /* owned: absolute path inside the sandbox */
+	/*
+	 * Borrowed, may be NULL: where this machine mounts the sandbox, set
+	 * by whoever mounts it (the daemon) and valid while the handle is
+	 * open.  A provider whose commands run on another machine makes the
+	 * path resolve to the workdir there (path identity: a command given
+	 * "cd /home/u/sbx/NAME" finds the files).
+	 */
+	const char *mountpoint;
 };
+
+/*
+ * Who asks.  Around the operations that make a new object (mknod, mkdir,
+ * symlink, create) the FUSE daemon records the caller of the request in a
+ * thread-local, so that the object belongs to the caller, as on any file
+ * system, when the mount is shared with other users (allow_other,
+ * docs/configuration.md).  A thread-local rather than a parameter keeps
+ * the ops table (and every provider and decorator) unchanged: the caching
+ * layer calls the provider on the same thread.
+ *
+ * Providers read it with sbx_caller_get() during those operations; NULL
+ * means "the daemon's own user".  The local provider, running as root,
+ * gives the new object to uid/gid (the directory's group instead when the
+ * directory is set-group-ID, as the kernel does); not as root, it cannot.
+ * The remote provider sends uid/gid along (docs/protocol.md) and the agent
+ * applies them when it runs as root.  `umask` is informational: the
+ * kernel has already applied it to the mode it sends.
+ */
+struct sbx_caller {
+	uid_t uid;
+	gid_t gid;
+	mode_t umask;
+};
+
+/* Set the calling thread's caller (copied); NULL clears it. */
+void sbx_caller_set(const struct sbx_caller *c);
+/* The calling thread's caller, or NULL.  Valid until the next set. */
+const struct sbx_caller *sbx_caller_get(void);
 
 /* Free a sandbox handle through its ops; accepts NULL. */
 void sbx_sandbox_free(struct sbx_sandbox *sb);

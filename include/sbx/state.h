@@ -8,9 +8,12 @@
  * half-written file and need no lock.  Writers serialise through
  * $SBX_HOME/sessions/<name>.lock with flock(2): every command that changes a
  * session or its sandbox (up, down, mount, umount, snapshot, restore) takes
- * the exclusive lock first and holds it until it is done.  Lock files are
- * never deleted: unlinking a lock file while another process waits on it
- * would let two processes "hold" different files.
+ * the exclusive lock first and holds it until it is done.  A lock file is
+ * deleted, by its holder, once the session's record is gone
+ * (sbx_state_unlock_forget()); a process that was waiting on the deleted
+ * file notices after locking it (it is no longer the file at the path)
+ * and locks the one at the path instead, so two processes never "hold"
+ * different files.
  *
  * Locking and fork: flock locks belong to the open file description, which
  * a forked child shares.  A process that forks a long-lived child (the
@@ -48,6 +51,8 @@ struct sbx_session {
 	pid_t pid;            /* daemon pid, 0 when none */
 	char *control_socket; /* daemon control socket or NULL */
 	char *isolation;      /* "none", "bwrap", ... or NULL */
+	bool allow_other;     /* mounted with allow_other (other users may
+			       * use the mount; docs/configuration.md) */
 	char *error_type;     /* "CreateError", ... or NULL */
 	char *error_message;  /* NULL when error_type is NULL */
 };
@@ -106,5 +111,13 @@ SBX_WUR int sbx_state_lock(int *fd_out, const char *name, bool exclusive,
 
 /* Release a lock taken with sbx_state_lock(); accepts -1. */
 void sbx_state_unlock(int fd);
+
+/*
+ * Release an exclusive lock of session `name` and, when the session has
+ * no record (it was removed, or never made: a failed `up`), delete the
+ * lock file first, so no file is left per session ever created.  The
+ * current error (sbx_error_last()) is kept.  Accepts -1.
+ */
+void sbx_state_unlock_forget(int fd, const char *name);
 
 #endif

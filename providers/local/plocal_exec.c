@@ -31,12 +31,14 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include "sbx/exec.h"
+#include "sbx/paths.h"
 #include "sbx/xmalloc.h"
 
 #include "plocal_i.h"
@@ -162,6 +164,13 @@ out:
 	return rc;
 }
 
+/*
+ * The uid and gid of an isolated command inside its user namespace when
+ * sbx runs as root: "nobody".  Outside it is still uid 0 without any
+ * capability (docs/exec.md, "Isolation and its limits").
+ */
+#define ISOLATED_ID "65534"
+
 static int find_bwrap(char **out)
 {
 	const char *path = getenv("PATH");
@@ -189,6 +198,14 @@ static void ab_push(struct argvb *a, const char *s)
 	a->v[a->n] = NULL;
 }
 
+/* `how` SRC DEST with SRC == DEST (bwrap's bind options). */
+static void ab_bind(struct argvb *a, const char *how, const char *path)
+{
+	ab_push(a, how);
+	ab_push(a, path);
+	ab_push(a, path);
+}
+
 static void ab_free(struct argvb *a)
 {
 	for (size_t i = 0; i < a->n; i++)
@@ -207,6 +224,8 @@ struct child_plan {
 	bool ctty;                /* make `in` (pty slave) the ctty */
 	int keep_fd;              /* bwrap --info-fd, inherited; or -1 */
 	int errpipe;              /* write end: errno of a failed exec */
+	mode_t umask;             /* the command's umask */
+	bool no_new_privs;        /* PR_SET_NO_NEW_PRIVS before execve */
 };
 
 static void __attribute__((noreturn)) child(const struct child_plan *p)
@@ -237,6 +256,10 @@ static void __attribute__((noreturn)) child(const struct child_plan *p)
 	if (p->keep_fd >= 0 && fcntl(p->keep_fd, F_SETFD, 0) < 0)
 		goto fail;
 	if (chdir(p->cwd) < 0)
+		goto fail;
+	/* The caller's, not the daemon's umask(0); bwrap passes it on. */
+	umask(p->umask);
+	if (p->no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		goto fail;
 	execve(p->file, p->argv, p->envp);
 fail:
@@ -398,6 +421,283 @@ static const struct sbx_exec_handle_ops lexec_ops = {
 	.free = lx_free,
 };
 
+/* ---- bubblewrap --------------------------------------------------------- */
+
+/* Resolve `path` (which must exist) into *out. */
+static int resolve(char **out, const char *path)
+{
+	*out = realpath(path, NULL);
+	if (!*out)
+		return sbx_error_os("isolation: %s", path);
+	return 0;
+}
+
+/* Bind `dir`/`sub` (resolved) with `how`; mkdir -p it first if `make`. */
+static int bind_sub(struct argvb *a, const char *how, const char *dir,
+		    const char *sub, bool make)
+{
+	char *path = sbx_xasprintf("%s/%s", dir, sub), *real = NULL;
+	int rc = 0;
+
+	/* 0755 explicitly: the daemon's umask is 0. */
+	if (make)
+		rc = sbx_paths_mkdir_p(path, 0755);
+	if (rc == 0)
+		rc = resolve(&real, path);
+	if (rc == 0)
+		ab_bind(a, how, real);
+	free(real);
+	free(path);
+	return rc;
+}
+
+/* Read-only bind of `dir`/`name` when it exists (a file). */
+static void ro_file(struct argvb *a, const char *dir, const char *name)
+{
+	char *path = sbx_xasprintf("%s/%s", dir, name);
+	struct stat st;
+
+	if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+		ab_bind(a, "--ro-bind", path);
+	free(path);
+}
+
+/*
+ * Is the worktree's ".git" file still "gitdir: <priv>"?  It is read-only
+ * inside the sandbox, but a command run without isolation could have
+ * changed it; binding whatever it names writable would be a hole.
+ */
+static int check_dotgit(const char *root, const char *priv)
+{
+	char *path = sbx_xasprintf("%s/.git", root), *text = NULL;
+	char *real = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = sbx_file_read(path, 4096, &text, &len);
+	if (rc < 0)
+		goto out;
+	while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
+		text[--len] = '\0';
+	if (strncmp(text, "gitdir: ", 8) == 0)
+		real = realpath(text + 8, NULL);
+	if (!real || strcmp(real, priv) != 0)
+		rc = sbx_error_set(SBX_ERR_STATE, -EPERM,
+				   "isolation: %s does not point to the "
+				   "sandbox's git directory %s; refusing to "
+				   "run (repair it with `git worktree repair`)",
+				   path, priv);
+out:
+	free(real);
+	free(text);
+	free(path);
+	return rc;
+}
+
+/*
+ * The git side of the sandbox (docs/exec.md, "Isolation and its limits").
+ * The repository's common directory is read-only -- config, hooks, info,
+ * the user's refs, HEAD and index, the other worktrees -- except what the
+ * sandbox's own commits need: new objects, the sbx/ branches and their
+ * reflogs, and its worktree's private git directory (minus the files that
+ * say where the repository is).  Existing packs, the commit graph and
+ * alternates (objects/pack, objects/info) stay read-only too.
+ */
+static int git_binds(struct argvb *a, struct plocal_sandbox *psb,
+		     const char *root)
+{
+	char *common = NULL, *priv_path = NULL, *priv = NULL, *cfgwt = NULL;
+	int rc, fd;
+
+	rc = resolve(&common, psb->gitdir);
+	if (rc < 0)
+		goto out;
+	priv_path = sbx_xasprintf("%s/worktrees/sbx-%s", common,
+				  psb->base.session);
+	rc = resolve(&priv, priv_path);
+	if (rc < 0)
+		goto out;
+	rc = check_dotgit(root, priv);
+	if (rc < 0)
+		goto out;
+	ab_bind(a, "--ro-bind", common); /* may lie below the worktree */
+	if ((rc = bind_sub(a, "--bind", common, "objects", false)) < 0 ||
+	    (rc = bind_sub(a, "--ro-bind", common, "objects/pack", true)) < 0 ||
+	    (rc = bind_sub(a, "--ro-bind", common, "objects/info", true)) < 0 ||
+	    (rc = bind_sub(a, "--bind", common, "refs/heads/sbx", true)) < 0 ||
+	    (rc = bind_sub(a, "--bind", common, "logs/refs/heads/sbx",
+			   true)) < 0)
+		goto out;
+	ab_bind(a, "--bind", priv);
+	ro_file(a, priv, "commondir");
+	ro_file(a, priv, "gitdir");
+	/*
+	 * config.worktree is read when the repository enables
+	 * extensions.worktreeConfig: an empty one keeps the sandbox from
+	 * creating it.
+	 */
+	cfgwt = sbx_xasprintf("%s/config.worktree", priv);
+	fd = open(cfgwt, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		  0644);
+	if (fd >= 0)
+		close(fd);
+	ro_file(a, priv, "config.worktree");
+	ro_file(a, root, ".git");
+out:
+	free(cfgwt);
+	free(priv);
+	free(priv_path);
+	free(common);
+	return rc;
+}
+
+/* Does this bwrap know --disable-userns (0.8.0)?  Asked once. */
+static bool bwrap_disable_userns(const char *bwrap)
+{
+	static int known = -1;
+	int v = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
+
+	if (v < 0) {
+		char *cmd = sbx_xasprintf("'%s' --version 2>/dev/null", bwrap);
+		unsigned maj = 0, min = 0;
+		FILE *f = strchr(bwrap, '\'') ? NULL : popen(cmd, "re");
+
+		if (f) {
+			if (fscanf(f, "bubblewrap %u.%u", &maj, &min) != 2)
+				maj = min = 0;
+			pclose(f);
+		}
+		free(cmd);
+		v = maj > 0 || min >= 8;
+		__atomic_store_n(&known, v, __ATOMIC_RELEASE);
+	}
+	return v;
+}
+
+/*
+ * A private /run (and /var/run when it is not a link to it), keeping
+ * /etc/resolv.conf readable when it points there (systemd-resolved).
+ */
+static void hide_run(struct argvb *a)
+{
+	struct stat st;
+	char *resolv;
+
+	ab_push(a, "--tmpfs");
+	ab_push(a, "/run");
+	if (lstat("/var/run", &st) == 0 && S_ISDIR(st.st_mode)) {
+		ab_push(a, "--tmpfs");
+		ab_push(a, "/var/run");
+	}
+	resolv = realpath("/etc/resolv.conf", NULL);
+	if (resolv && (path_within(resolv, "/run") ||
+		       path_within(resolv, "/var/run")) &&
+	    stat(resolv, &st) == 0 && S_ISREG(st.st_mode))
+		ab_bind(a, "--ro-bind", resolv);
+	free(resolv);
+}
+
+/*
+ * bwrap's command line for `prog args...` in `cwd` (docs/exec.md).  The
+ * command runs in new user, pid, ipc, uts and cgroup namespaces without
+ * any capability and with no_new_privs; as the invoking user, or, when
+ * sbx runs as root, as uid/gid 65534 mapped to root outside (so the
+ * worktree, owned by root, stays writable).
+ */
+static int bwrap_argv(struct argvb *a, struct plocal_sandbox *psb,
+		      const char *bwrap, const char *cwd, const char *prog,
+		      const char *const *argv, int info_fd, bool tty)
+{
+	char *root = NULL, num[16];
+	int rc;
+
+	/* Resolved paths: cwd was resolved too, and a symlink on the way
+	 * would otherwise point into the read-only view of /. */
+	rc = resolve(&root, psb->root_path);
+	if (rc < 0)
+		goto out;
+	ab_push(a, "bwrap");
+	ab_push(a, "--unshare-user");
+	if (geteuid() == 0) {
+		ab_push(a, "--uid");
+		ab_push(a, ISOLATED_ID);
+		ab_push(a, "--gid");
+		ab_push(a, ISOLATED_ID);
+	}
+	if (bwrap_disable_userns(bwrap))
+		ab_push(a, "--disable-userns");
+	ab_push(a, "--cap-drop");
+	ab_push(a, "ALL");
+	ab_push(a, "--unshare-pid");
+	ab_push(a, "--unshare-ipc");
+	ab_push(a, "--unshare-uts");
+	ab_push(a, "--unshare-cgroup-try");
+	if (!psb->network)
+		ab_push(a, "--unshare-net");
+	ab_push(a, "--die-with-parent");
+	ab_push(a, "--new-session");
+	ab_bind(a, "--ro-bind", "/");
+	ab_push(a, "--dev");
+	ab_push(a, "/dev");
+	ab_push(a, "--proc");
+	ab_push(a, "/proc");
+	/*
+	 * Outside, the command is the daemon's uid: as root it would own the
+	 * kernel's knobs (/proc/sys/kernel/core_pattern, sysrq-trigger) even
+	 * without capabilities.  /proc is read-only instead.
+	 */
+	ab_push(a, "--remount-ro");
+	ab_push(a, "/proc");
+	ab_push(a, "--tmpfs");
+	ab_push(a, "/tmp");
+	/* Sockets of the system and of the user's session (D-Bus, systemd,
+	 * container engines) would run things outside: hidden. */
+	hide_run(a);
+	/*
+	 * $SBX_HOME holds the control sockets of every session (a command
+	 * that reached one of a session without isolation would be out),
+	 * their state and their worktrees: hide it, except this worktree.
+	 */
+	if (psb->state_dir && path_within(root, psb->state_dir) &&
+	    !path_within(psb->gitdir, psb->state_dir)) {
+		ab_push(a, "--tmpfs");
+		ab_push(a, psb->state_dir);
+	}
+	ab_bind(a, "--bind", root);
+	if (psb->gitdir) {
+		rc = git_binds(a, psb, root);
+		if (rc < 0)
+			goto out;
+	}
+	ab_push(a, "--chdir");
+	ab_push(a, cwd);
+	ab_push(a, "--info-fd");
+	snprintf(num, sizeof(num), "%d", info_fd);
+	ab_push(a, num);
+	ab_push(a, "--");
+	if (tty) {
+		ab_push(a, "/usr/bin/setsid");
+		ab_push(a, "--ctty");
+	}
+	/* The program as resolved by the caller: the same file inside, as /
+	 * is bound read-only at the same place. */
+	ab_push(a, prog);
+	for (size_t i = 1; argv[i]; i++)
+		ab_push(a, argv[i]);
+out:
+	free(root);
+	return rc;
+}
+
+/* Is `path` a set-user-ID executable (a setuid bwrap needs its
+ * privilege: no_new_privs would take it away)? */
+static bool is_setuid(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && (st.st_mode & S_ISUID);
+}
+
 /* ---- start -------------------------------------------------------------- */
 
 static void set_nonblock(int fd)
@@ -424,7 +724,6 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 	int errp[2] = { -1, -1 }, info[2] = { -1, -1 };
 	int master = -1, slave = -1, rc, child_errno = 0;
 	char *cwd = NULL, *prog = NULL, *bwrap_bin = NULL;
-	char *root_real = NULL, *git_real = NULL;
 	struct argvb bargv = { 0 };
 	struct child_plan plan = { .keep_fd = -1 };
 	struct lexec *x = NULL;
@@ -489,59 +788,13 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 			rc = sbx_error_os("pipe");
 			goto out;
 		}
-		ab_push(&bargv, "bwrap");
-		ab_push(&bargv, "--ro-bind");
-		ab_push(&bargv, "/");
-		ab_push(&bargv, "/");
-		ab_push(&bargv, "--dev");
-		ab_push(&bargv, "/dev");
-		ab_push(&bargv, "--proc");
-		ab_push(&bargv, "/proc");
-		ab_push(&bargv, "--tmpfs");
-		ab_push(&bargv, "/tmp");
-		/* Bind the resolved paths: cwd was resolved too, and a
-		 * symlink on the way would otherwise point into the read-only
-		 * view of /. */
-		root_real = realpath(psb->root_path, NULL);
-		git_real = psb->gitdir ? realpath(psb->gitdir, NULL) : NULL;
-		if (!root_real) {
-			rc = sbx_error_os("sandbox worktree %s", psb->root_path);
+		rc = bwrap_argv(&bargv, psb, bwrap_bin, cwd, prog,
+				req->argv, info[1], req->tty);
+		if (rc < 0)
 			goto out;
-		}
-		ab_push(&bargv, "--bind");
-		ab_push(&bargv, root_real);
-		ab_push(&bargv, root_real);
-		if (git_real && !path_within(git_real, root_real)) {
-			ab_push(&bargv, "--bind");
-			ab_push(&bargv, git_real);
-			ab_push(&bargv, git_real);
-		}
-		ab_push(&bargv, "--unshare-pid");
-		ab_push(&bargv, "--die-with-parent");
-		ab_push(&bargv, "--new-session");
-		if (!psb->network)
-			ab_push(&bargv, "--unshare-net");
-		ab_push(&bargv, "--chdir");
-		ab_push(&bargv, cwd);
-		ab_push(&bargv, "--info-fd");
-		{
-			char num[16];
-
-			snprintf(num, sizeof(num), "%d", info[1]);
-			ab_push(&bargv, num);
-		}
-		ab_push(&bargv, "--");
-		if (req->tty) {
-			ab_push(&bargv, "/usr/bin/setsid");
-			ab_push(&bargv, "--ctty");
-		}
-		/* The program as resolved above: the same file inside, as / is
-		 * bound read-only at the same place. */
-		ab_push(&bargv, prog);
-		for (size_t i = 1; req->argv[i]; i++)
-			ab_push(&bargv, req->argv[i]);
 		plan.file = bwrap_bin;
 		plan.argv = bargv.v;
+		plan.no_new_privs = !is_setuid(bwrap_bin);
 		plan.keep_fd = info[1];
 	} else {
 		plan.file = prog;
@@ -558,6 +811,8 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 		plan.err = req->stdio[2] >= 0 ? req->stdio[2] : e[1];
 	}
 	plan.errpipe = errp[1];
+	plan.umask = (req->has_umask ? req->umask : SBX_EXEC_DEFAULT_UMASK) &
+		     0777;
 
 	pid = fork();
 	if (pid < 0) {
@@ -634,8 +889,6 @@ out:
 	}
 	ab_free(&bargv);
 	free(bwrap_bin);
-	free(root_real);
-	free(git_real);
 	free(prog);
 	free(cwd);
 	return rc;

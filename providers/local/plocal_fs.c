@@ -192,34 +192,89 @@ static int p_readlink(struct sbx_sandbox *sb, struct sbx_node *node,
 		rc_;                                                           \
 	})
 
+/*
+ * A new object belongs to whoever made it through the mount (struct
+ * sbx_caller): with a shared mount (allow_other) the daemon runs as root
+ * and would otherwise own everything.  The group is the caller's, or the
+ * directory's when it is set-group-ID (the kernel gave it already).  Best
+ * effort: a file system that refuses chown keeps the daemon as owner,
+ * which is what a daemon that is not root gives anyway.
+ */
+static void give_to_caller(struct plocal_node *dir, struct sbx_node *node,
+			   struct stat *st)
+{
+	const struct sbx_caller *c = sbx_caller_get();
+	struct plocal_node *n = PNODE(node);
+	struct stat dst;
+	gid_t gid;
+
+	if (!c || geteuid() != 0)
+		return;
+	gid = c->gid;
+	if (stat_fd(dir->fd, &dst) == 0 && (dst.st_mode & S_ISGID))
+		gid = st->st_gid;
+	sbx_error_clear();
+	if (st->st_uid == c->uid && st->st_gid == gid)
+		return;
+	if (fchownat(n->fd, "", c->uid, gid,
+		     AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	/* chown clears set-user/group-ID bits the caller asked for. */
+	if (S_ISREG(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID))) {
+		char proc[64];
+
+		procname(proc, n->fd);
+		if (chmod(proc, st->st_mode & 07777) < 0) {
+			/* keeps the mode chown left */
+		}
+	}
+	if (stat_fd(n->fd, st) < 0)
+		sbx_error_clear();
+}
+
 static int p_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name, mode_t mode, dev_t rdev,
 		   struct sbx_node **out, struct stat *st)
 {
+	int rc;
+
 	if (EXPECTING(sb, parent, name, IN_CREATE,
 		      mknodat(PNODE(parent)->fd, name, mode, rdev)) < 0)
 		return os_err("mknod", name);
-	return p_lookup(sb, parent, name, out, st);
+	rc = p_lookup(sb, parent, name, out, st);
+	if (rc == 0)
+		give_to_caller(PNODE(parent), *out, st);
+	return rc;
 }
 
 static int p_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name, mode_t mode, struct sbx_node **out,
 		   struct stat *st)
 {
+	int rc;
+
 	if (EXPECTING(sb, parent, name, IN_CREATE | IN_ISDIR,
 		      mkdirat(PNODE(parent)->fd, name, mode)) < 0)
 		return os_err("mkdir", name);
-	return p_lookup(sb, parent, name, out, st);
+	rc = p_lookup(sb, parent, name, out, st);
+	if (rc == 0)
+		give_to_caller(PNODE(parent), *out, st);
+	return rc;
 }
 
 static int p_symlink(struct sbx_sandbox *sb, const char *target,
 		     struct sbx_node *parent, const char *name,
 		     struct sbx_node **out, struct stat *st)
 {
+	int rc;
+
 	if (EXPECTING(sb, parent, name, IN_CREATE,
 		      symlinkat(target, PNODE(parent)->fd, name)) < 0)
 		return os_err("symlink", name);
-	return p_lookup(sb, parent, name, out, st);
+	rc = p_lookup(sb, parent, name, out, st);
+	if (rc == 0)
+		give_to_caller(PNODE(parent), *out, st);
+	return rc;
 }
 
 static int p_link(struct sbx_sandbox *sb, struct sbx_node *node,
@@ -322,6 +377,7 @@ static int p_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    struct sbx_node **node_out, struct stat *st,
 		    struct sbx_open_result *out)
 {
+	bool made = true;
 	int fd, rc;
 
 	flags = (flags | O_CLOEXEC) & ~O_NOFOLLOW;
@@ -329,8 +385,10 @@ static int p_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	fd = EXPECTING(sb, parent, name, IN_CREATE,
 		       openat(PNODE(parent)->fd, name, flags | O_CREAT | O_EXCL,
 			      mode));
-	if (fd < 0 && errno == EEXIST && !(flags & O_EXCL))
+	if (fd < 0 && errno == EEXIST && !(flags & O_EXCL)) {
+		made = false;
 		fd = openat(PNODE(parent)->fd, name, flags & ~O_CREAT, mode);
+	}
 	if (fd < 0)
 		return os_err("create", name);
 	rc = p_lookup(sb, parent, name, node_out, st);
@@ -338,6 +396,8 @@ static int p_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 		close(fd);
 		return rc;
 	}
+	if (made)
+		give_to_caller(PNODE(parent), *node_out, st);
 	fill_open(out, fd);
 	return 0;
 }
@@ -619,6 +679,7 @@ static void p_free(struct sbx_sandbox *sb)
 	free(s->base.workdir);
 	free(s->root_path);
 	free(s->gitdir);
+	free(s->state_dir);
 	free(s->isolation);
 	free(s);
 }
@@ -698,6 +759,13 @@ int plocal_sandbox_open(struct plocal_provider *p, const char *session,
 	rc = plocal_git_commondir(s->root_path, &s->gitdir);
 	if (rc < 0)
 		goto fail;
+	if (p->worktrees) {
+		/* $SBX_HOME is the parent of its worktrees directory. */
+		char *home = sbx_xasprintf("%s/..", p->worktrees);
+
+		s->state_dir = realpath(home, NULL);
+		free(home);
+	}
 	s->isolation = sbx_xstrdup("none");
 	s->network = true;
 	if (cfg) {

@@ -55,6 +55,7 @@ struct plocal_sandbox {
 	struct plocal_node root;
 	char *root_path;   /* absolute worktree path (== base.workdir) */
 	char *gitdir;      /* the repository's common git dir (for bwrap) */
+	char *state_dir;   /* $SBX_HOME, resolved (bwrap hides it), or NULL */
 	char *isolation;   /* "none" or "bwrap" */
 	bool network;      /* bwrap: keep network */
 	struct plocal_watch *watch;

@@ -22,6 +22,7 @@
 #include "sbx/json.h"
 #include "sbx/paths.h"
 #include "sbx/provider.h"
+#include "sbx/token.h"
 #include "sbx/xmalloc.h"
 
 #include "premote_i.h"
@@ -49,6 +50,7 @@ void premote_config_fini(struct premote_config *c)
 	if (c->auth && c->auth->release)
 		c->auth->release(c->auth->ctx);
 	free(c->auth);
+	free(c->peer);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -136,16 +138,17 @@ fail:
 
 int premote_token_read(char **out, const char *path)
 {
-	char *text = NULL;
-	size_t n;
+	const struct sbx_error *e;
 	int rc;
 
 	*out = NULL;
-	rc = sbx_file_read(path, 64 * 1024, &text, NULL);
-	if (rc < 0) {
+	rc = sbx_token_file_read(out, path);
+	if (rc == 0)
+		return 0;
+	e = sbx_error_last();
+	if (e->klass == SBX_ERR_OS) {
 		const char *why = rc == -ENOENT ? "it does not exist"
 				  : rc == -EACCES ? "permission denied"
-				  : rc == -EFBIG ? "it is larger than 64 KiB"
 						 : strerror(-rc);
 
 		return sbx_error_set(SBX_ERR_CONFIG, rc,
@@ -153,28 +156,9 @@ int premote_token_read(char **out, const char *path)
 				     "%s (use the file given to sbx-agent "
 				     "--token-file)", path, why);
 	}
-	n = strcspn(text, "\r\n");
-	while (n && (text[n - 1] == ' ' || text[n - 1] == '\t'))
-		n--;
-	text[n] = '\0';
-	if (!n) {
-		free(text);
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "the token file %s is empty (its first "
-				     "line is the token)", path);
-	}
-	/* A token is sent in a header: no control characters. */
-	for (size_t i = 0; i < n; i++) {
-		if ((unsigned char)text[i] < 0x20 || text[i] == 0x7f) {
-			memset(text, 0, n);
-			free(text);
-			return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-					     "the token in %s contains "
-					     "control characters", path);
-		}
-	}
-	*out = text;
-	return 0;
+	/* Empty, too open (chmod 600), control characters, too big: the
+	 * message names the file and says what to do. */
+	return rc;
 }
 
 /* ---- info ----------------------------------------------------------------- */
@@ -219,6 +203,12 @@ int premote_info_parse(struct premote_info *out, const cJSON *j)
 						       : "unknown");
 	out->protocol = (long)proto->valuedouble;
 	out->watch_seq = seq ? (uint64_t)seq->valuedouble : 0;
+	out->has_root_st =
+		sbx_proto_stat_from_json(
+			cJSON_GetObjectItemCaseSensitive(j, "root_st"),
+			&out->root_st) == 0;
+	if (!out->has_root_st)
+		sbx_error_clear();
 	cJSON_ArrayForEach(c, caps)
 	{
 		if (!cJSON_IsString(c))
@@ -269,6 +259,39 @@ int premote_probe(const struct premote_config *cfg,
 	rc = premote_http_new(&h, cfg, token);
 	if (rc < 0)
 		goto out;
+
+	/*
+	 * One round trip when all is well: /v1/info carries the protocol
+	 * and proves the token.  Anything else takes the long way below
+	 * (health first), whose errors say what is wrong.
+	 */
+	rc = premote_http_json(h, "GET", "/v1/info", NULL, NULL, true, &j);
+	if (rc == 0 && premote_info_parse(info, j) == 0) {
+		if (info->protocol == SBX_PROTO_VERSION) {
+			*http_out = h;
+			h = NULL;
+			goto out;
+		}
+		premote_info_fini(info);
+	}
+	if (rc < 0 && sbx_error_last()->klass == SBX_ERR_HTTP &&
+	    rc != -EIO && premote_errno_is_transport(rc)) {
+		/* Nobody there (or nobody answering): asking again for
+		 * /v1/health would only wait as long once more. */
+		const struct sbx_error *e = sbx_error_last();
+		char msg[sizeof(e->msg)];
+		const char *m = strstr(e->msg, ": ");
+
+		snprintf(msg, sizeof(msg), "%s", m ? m + 2 : e->msg);
+		rc = sbx_error_setd(SBX_ERR_HTTP, rc, e->detail,
+				    "cannot reach sbx-agent at %s: %s; is it "
+				    "running?", cfg->url, msg);
+		goto out;
+	}
+	cJSON_Delete(j);
+	j = NULL;
+	sbx_error_clear();
+	rc = 0;
 
 	rc = premote_http_do(h, &req, &resp);
 	if (rc < 0) {

@@ -660,7 +660,8 @@ static int rel_cwd(char **out, const struct premote_sandbox *s,
 	return 0;
 }
 
-static char *start_body(const struct sbx_exec_request *req, const char *cwd)
+static char *start_body(const struct sbx_exec_request *req, const char *cwd,
+			const char *alias)
 {
 	cJSON *b = cJSON_CreateObject(), *argv = cJSON_CreateArray();
 	cJSON *env = cJSON_CreateArray();
@@ -681,6 +682,14 @@ static char *start_body(const struct sbx_exec_request *req, const char *cwd)
 		cJSON_AddNumberToObject(b, "cols", req->cols);
 	}
 	cJSON_AddBoolToObject(b, "attach", true);
+	/* Older agents ignore it (their own umask applies). */
+	cJSON_AddNumberToObject(b, "umask",
+				req->has_umask ? req->umask & 0777
+					       : SBX_EXEC_DEFAULT_UMASK);
+	/* Path identity: the mount path resolves to the root for the
+	 * command (docs/protocol.md, "Exec"); older agents ignore it. */
+	if (alias)
+		sbx_json_set_str(b, "alias", alias);
 	text = sbx_json_print(b, false);
 	cJSON_Delete(b);
 	return text;
@@ -777,7 +786,18 @@ int premote_exec_start(struct sbx_sandbox *sb,
 	rc = rel_cwd(&cwd, s, req->cwd);
 	if (rc < 0)
 		goto fail;
-	x->body = start_body(req, cwd);
+	{
+		/* The environment policy of the sandbox (premote_env.c). */
+		struct sbx_exec_request r2 = *req;
+		char **env = NULL;
+
+		rc = premote_exec_env(s, req->envp, &env);
+		if (rc < 0)
+			goto fail;
+		r2.envp = (const char *const *)env;
+		x->body = start_body(&r2, cwd, s->base.mountpoint);
+		premote_env_free(env);
+	}
 	free(cwd);
 	cwd = NULL;
 

@@ -653,6 +653,21 @@ out:
 	return rc;
 }
 
+/*
+ * The owner of a new object: the caller through the mount (struct
+ * sbx_caller).  The agent applies it when it runs as root and ignores it
+ * otherwise (older agents ignore the fields).
+ */
+static void op_owner(cJSON *op)
+{
+	const struct sbx_caller *c = sbx_caller_get();
+
+	if (!c)
+		return;
+	op_num(op, "uid", c->uid);
+	op_num(op, "gid", c->gid);
+}
+
 static int r_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name, mode_t mode, dev_t rdev,
 		   struct sbx_node **out, struct stat *st)
@@ -665,6 +680,7 @@ static int r_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 	*out = NULL;
 	op_num(op, "mode", mode);
 	op_num(op, "rdev", (double)rdev);
+	op_owner(op);
 	rc = batch_entry(s, op, path, out, st);
 	free(path);
 	return rc;
@@ -681,6 +697,7 @@ static int r_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 
 	*out = NULL;
 	op_num(op, "mode", mode & 07777);
+	op_owner(op);
 	rc = batch_entry(s, op, path, out, st);
 	free(path);
 	return rc;
@@ -697,6 +714,7 @@ static int r_symlink(struct sbx_sandbox *sb, const char *target,
 
 	*out = NULL;
 	sbx_json_set_str(op, "target", target);
+	op_owner(op);
 	rc = batch_entry(s, op, path, out, st);
 	free(path);
 	return rc;
@@ -840,6 +858,7 @@ static int r_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	op_num(op, "mode", mode & 07777);
 	op_bool(op, "excl", flags & O_EXCL);
 	op_bool(op, "truncate", flags & O_TRUNC);
+	op_owner(op);
 	rc = batch_entry(s, op, path, node_out, st);
 	if (rc == 0)
 		out->fh = (struct sbx_file *)file_new(s, RNODE(*node_out),
@@ -1524,6 +1543,7 @@ static void r_free(struct sbx_sandbox *sb)
 	free(s->by_path);
 	pthread_mutex_destroy(&s->nodes_lock);
 	pthread_mutex_destroy(&s->seq_lock);
+	premote_exec_env_fini(s);
 	premote_http_free(s->http);
 	premote_config_fini(&s->cfg);
 	premote_info_fini(&s->info);
@@ -1580,6 +1600,9 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.node_at = r_node_at,
 	.watch_healthy = r_watch_healthy,
 	.free = r_free,
+	.repo_seed = premote_repo_seed,
+	.repo_state = premote_repo_state,
+	.repo_objects = premote_repo_objects,
 };
 
 /*
@@ -1623,6 +1646,7 @@ int premote_sandbox_open(struct sbx_sandbox **out, const char *session,
 	s->base.workdir = sbx_xstrdup(s->info.root);
 	pthread_mutex_init(&s->nodes_lock, NULL);
 	pthread_mutex_init(&s->seq_lock, NULL);
+	pthread_mutex_init(&s->cenv_lock, NULL);
 	s->nbuckets = 1024;
 	s->by_ino = sbx_xcalloc(s->nbuckets, sizeof(*s->by_ino));
 	s->by_path = sbx_xcalloc(s->nbuckets, sizeof(*s->by_path));
@@ -1631,11 +1655,18 @@ int premote_sandbox_open(struct sbx_sandbox **out, const char *session,
 		h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	s->dev = (dev_t)((mix64(h) & 0xffffffffu) | 1u);
 
-	rc = premote_fs_errno(get_json(s, "/v1/fs/stat", "", &j));
-	if (rc == 0)
-		rc = sbx_proto_stat_from_json(
-			cJSON_GetObjectItemCaseSensitive(j, "st"), &st);
-	cJSON_Delete(j);
+	if (s->info.has_root_st) {
+		/* /v1/info said it: no round trip of its own. */
+		st = s->info.root_st;
+		rc = 0;
+	} else {
+		rc = premote_fs_errno(get_json(s, "/v1/fs/stat", "", &j));
+		if (rc == 0)
+			rc = sbx_proto_stat_from_json(
+				cJSON_GetObjectItemCaseSensitive(j, "st"),
+				&st);
+		cJSON_Delete(j);
+	}
 	if (rc < 0) {
 		rc = sbx_error_prefix(rc, "stat the root of the agent at %s",
 				      s->cfg.url);

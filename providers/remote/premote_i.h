@@ -3,9 +3,11 @@
  *
  *   premote.c        provider ops table, configuration, probe (health +
  *                    info), construction, open()
- *   premote_http.c   libcurl layer: a pool of easy handles sharing one
- *                    connection cache, timeouts, error mapping, frame
- *                    streams, URL and query building, base64
+ *   premote_http.c   libcurl layer over the pool of sbx/http.h (DNS and
+ *                    TLS sessions shared, one connection per handle),
+ *                    timeouts, error mapping, frame streams, URL and
+ *                    query building, base64
+ *   premote_env.c    the environment of commands in container sandboxes
  *   premote_fs.c     data plane: node table, every file operation
  *   premote_watch.c  change stream thread (GET /v1/watch), watch_sync
  *   premote_exec.c   exec handle over POST /v1/exec (attach)
@@ -77,6 +79,18 @@ struct premote_config {
 	 */
 	char *token;
 	struct premote_auth *auth;
+	/*
+	 * Who answers at `url` when it is not the agent itself, for messages
+	 * that must name the hop that failed ("the Kubernetes API server at
+	 * https://... (pod proxy of pod P)"); NULL: the agent.  Owned.
+	 */
+	char *peer;
+	/*
+	 * Commands run in the sandbox's own environment (the image's and the
+	 * pod spec's: kubernetes, modal) rather than one built from the
+	 * client's: see premote_exec_env().
+	 */
+	bool container_env;
 };
 
 /*
@@ -129,9 +143,11 @@ SBX_WUR int premote_probe(const struct premote_config *cfg,
 			  struct premote_info *info);
 
 /*
- * Read the token: the first line of `path`, without trailing whitespace.
- * -ENOENT/-EACCES (SBX_ERR_CONFIG) when unreadable, -EINVAL when empty.
- * Messages name the file, never the token.  *out malloc'd.
+ * Read the token: the first line of `path`, without trailing whitespace
+ * (sbx_token_file_read()).  -ENOENT/-EACCES (SBX_ERR_CONFIG) when
+ * unreadable, -EINVAL when empty, -EPERM when group or others may access
+ * the file (the message says chmod 600).  Messages name the file, never
+ * the token.  *out malloc'd.
  */
 SBX_WUR int premote_token_read(char **out, const char *path);
 
@@ -139,9 +155,11 @@ SBX_WUR int premote_token_read(char **out, const char *path);
 
 /*
  * A client for one agent: base URL, token, timeouts, and a pool of curl
- * easy handles that share one connection cache, DNS cache and TLS session
- * cache (a CURLSH with a mutex per lock kind), so up to as many requests
- * as there are calling threads run at once over kept-alive connections.
+ * easy handles (sbx/http.h) sharing the DNS cache and TLS sessions, each
+ * keeping its own kept-alive connection, so up to as many requests as
+ * there are calling threads run at once.  Every request carries the
+ * User-Agent sbx/VERSION; a body is sent with any method (DELETE carries
+ * Kubernetes DeleteOptions).
  *
  * Threads: every function may be called from any thread concurrently.
  * premote_http_free() must not race with requests.
@@ -255,9 +273,8 @@ SBX_WUR int premote_http_json(struct premote_http *h, const char *method,
 			      struct cJSON **out);
 
 /*
- * Map a CURLcode (passed as int) to a negative errno: timeouts -ETIMEDOUT,
- * refused/failed connects -ECONNREFUSED, unresolvable hosts -EHOSTUNREACH,
- * dropped connections -ECONNRESET, aborted -ECANCELED, anything else -EIO.
+ * Map a CURLcode (passed as int) to a negative errno: sbx_errno_from_curl()
+ * (sbx/http.h), the one mapping shared with the Modal gRPC client.
  */
 int premote_errno_from_curl(int code);
 
@@ -314,6 +331,10 @@ struct premote_info {
 	uint64_t watch_seq;
 	long protocol;
 	bool cap_watch, cap_exec, cap_bulk, cap_xattr, cap_pty;
+	/* The root's attributes ("root_st", newer agents): opening the
+	 * sandbox then needs no stat of its own. */
+	bool has_root_st;
+	struct stat root_st;
 };
 
 void premote_info_fini(struct premote_info *i);
@@ -335,6 +356,11 @@ struct premote_sandbox {
 	size_t nbuckets, count;
 
 	struct premote_watch *watch;
+
+	/* The sandbox's own environment (container_env), read once. */
+	pthread_mutex_t cenv_lock;
+	char **cenv;          /* protected by cenv_lock; NULL: not read */
+	bool cenv_tried;      /* protected by cenv_lock */
 
 	/* Newest watch_seq reported by an exec exit not yet synced. */
 	pthread_mutex_t seq_lock;
@@ -392,6 +418,24 @@ int premote_change_from_frame(const struct cJSON *hdr, struct sbx_change *c);
 
 /* ---- exec (premote_exec.c) ----------------------------------------------- */
 
+/*
+ * The environment of a command in a container_env sandbox
+ * (premote_env.c): the sandbox's own environment (read once per sandbox
+ * by running `env -0` there with the agent's environment), overlaid with
+ * what the client sent except PATH, HOME, USER, LOGNAME and SHELL -- unless
+ * the user set those explicitly (`sbx exec -e`, named in SBX_EXEC_SET).
+ * When the sandbox's environment cannot be read (an image without env),
+ * `envp` is used as it is.  SBX_EXEC_SET itself is never passed on (for
+ * every remote sandbox).  *out is NULL-terminated and owned by the caller
+ * (premote_env_free()).  Thread-safe.
+ */
+SBX_WUR int premote_exec_env(struct premote_sandbox *s,
+			     const char *const *envp, char ***out);
+/* Release the cached environment (premote_sandbox teardown). */
+void premote_exec_env_fini(struct premote_sandbox *s);
+/* Free a list from premote_exec_env(); accepts NULL. */
+void premote_env_free(char **env);
+
 int premote_exec_start(struct sbx_sandbox *sb,
 		       const struct sbx_exec_request *req,
 		       struct sbx_exec_handle **out);
@@ -402,6 +446,17 @@ int premote_exec_start(struct sbx_sandbox *sb,
  * -EPROTO when malformed.  Exposed for tests.
  */
 SBX_WUR int premote_exit_status(const struct cJSON *exit_obj, int *status);
+
+/* ---- repository (premote_repo.c) ----------------------------------------- */
+
+/* The data plane's repo_seed, repo_state and repo_objects (sbx/provider.h). */
+int premote_repo_seed(struct sbx_sandbox *sb, const char *path, int tar_fd,
+		      struct sbx_repo_seed_result *out);
+int premote_repo_state(struct sbx_sandbox *sb, const char *path,
+		       const char *ref, struct sbx_repo_state *out);
+int premote_repo_objects(struct sbx_sandbox *sb, const char *path,
+			 const char *const *names, size_t n,
+			 sbx_repo_object_cb cb, void *payload);
 
 /* ---- provider (premote.c) ------------------------------------------------ */
 

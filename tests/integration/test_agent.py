@@ -205,6 +205,7 @@ def test_cli_version_and_help(agent_bin):
 def test_bad_root_and_token(agent_bin, tmp_path):
     tok = tmp_path / "tok"
     tok.write_text("\n")
+    tok.chmod(0o600)
     r = subprocess.run([str(agent_bin), "serve", "--root",
                         str(tmp_path / "missing"), "--listen",
                         "127.0.0.1:0", "--token-file", str(tok)],
@@ -925,6 +926,7 @@ def test_unix_socket(agent_bin, tmp_path):
     root.mkdir()
     tok = tmp_path / "tok"
     tok.write_text("t0k\n")
+    tok.chmod(0o600)
     sock = tmp_path / "a.sock"
     p = subprocess.Popen([str(agent_bin), "serve", "--root", str(root),
                           "--listen", f"unix:{sock}", "--token-file",
@@ -978,6 +980,7 @@ def test_bundle_in_empty_root(agent_bin, tmp_path):
     (data / "hello").write_text("hi")
     tok = tmp_path / "tok"
     tok.write_text("bundle-token\n")
+    tok.chmod(0o600)
     port = __import__("testenv.agent", fromlist=["free_port"]).free_port()
     argv = [bwrap, "--unshare-pid", "--die-with-parent",
             "--bind", str(bundle), "/agent", "--proc", "/proc",
@@ -1024,6 +1027,7 @@ def test_tls(agent_bin, tmp_path):
     (tmp_path / "root").mkdir()
     tok = tmp_path / "tok"
     tok.write_text("tls-token\n")
+    tok.chmod(0o600)
     p = subprocess.Popen([str(agent_bin), "serve", "--root",
                           str(tmp_path / "root"), "--listen", "127.0.0.1:0",
                           "--token-file", str(tok), "--tls-cert", str(cert),
@@ -1448,3 +1452,158 @@ def test_token_env(agent_bin, tmp_path):
     assert r.returncode == 2 and "not both" in r.stderr
     r = subprocess.run(base, capture_output=True, text=True, timeout=10)
     assert r.returncode == 2 and "--token-env" in r.stderr
+
+
+# -- token files, connections, NUL in paths (issue "Security and multi-user") --
+
+def test_token_file_open_to_others_refused(agent_bin, tmp_path):
+    """A token file that others may read is refused, as ssh refuses a key:
+    the message names the file and says chmod 600."""
+    root = tmp_path / "root"
+    root.mkdir()
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret-agent-token\n")
+    base = [str(agent_bin), "serve", "--root", str(root), "--listen",
+            "127.0.0.1:0", "--token-file", str(tok)]
+    for mode in (0o644, 0o640, 0o604, 0o620):
+        tok.chmod(mode)
+        r = subprocess.run(base, capture_output=True, text=True, timeout=10)
+        assert r.returncode == 1, (oct(mode), r)
+        assert "chmod 600" in r.stderr and str(tok) in r.stderr, r
+        assert "s3cret" not in r.stdout + r.stderr
+    # 0600 and 0400 are fine; so is a pipe (bash's <(...)), whose mode is
+    # the owner's only.
+    for mode in (0o600, 0o400):
+        tok.chmod(mode)
+        p = subprocess.Popen(base, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            line = p.stdout.readline()
+            assert line.startswith("listening on "), \
+                (line, p.stderr.read() if p.poll() is not None else "")
+        finally:
+            p.terminate()
+            p.wait(10)
+            p.stdout.close()
+            p.stderr.close()
+
+
+def test_nul_in_url_refused(cl, agent):
+    """%00 in a path used to cut it: d/f%00x read d/f."""
+    root = Path(agent.root)
+    (root / "d").mkdir()
+    (root / "d" / "f").write_text("hello")
+    for route in ("/v1/fs/read?path=d/f%00x", "/v1/fs/stat?path=d/f%00x",
+                  "/v1/fs/list?path=d%00x", "/v1/fs/readlink?path=d/f%00",
+                  "/v1/fs/bulk?path=d%00", "/v1/archive?path=d%00x",
+                  "/v1/fs/read?path=d/f&offset=0%001",
+                  "/v1/fs/st%00at?path=d/f"):
+        st, err = cl.error("GET", route, expect=400)
+        assert err["errno"] == "EINVAL" and "NUL" in err["message"], \
+            (route, err)
+    st, err = cl.error("PUT", "/v1/fs/write?path=d/f%00x&offset=0",
+                       body=b"XXXX", expect=400)
+    assert (root / "d" / "f").read_text() == "hello"
+    # the same connection goes on normally after a refused request
+    c = cl.conn()
+    for route, want in (("/v1/fs/read?path=d/f%00x", 400),
+                        ("/v1/fs/read?path=d/f", 200),
+                        ("/v1/fs/read?path=d/f%00", 400),
+                        ("/v1/fs/read?path=d%2Ff", 200)):
+        c.request("GET", route, headers={"X-Sbx-Token": cl.token})
+        r = c.getresponse()
+        body = r.read()
+        assert r.status == want, (route, r.status, body)
+        if want == 200:
+            assert body == b"hello"
+    c.close()
+
+
+def test_nul_in_json_refused(cl, agent):
+    """"a\\u0000b" used to create "a"."""
+    root = Path(agent.root)
+    for ops in ([{"op": "create", "path": "a\u0000b"}],
+                [{"op": "mkdir", "path": "m\u0000"}],
+                [{"op": "symlink", "path": "l", "target": "t\u0000u"}],
+                [{"op": "rename", "path": "x", "newpath": "y\u0000z"}]):
+        st, err = cl.error("POST", "/v1/fs/batch", {"ops": ops},
+                           expect=400)
+        assert err["errno"] == "EINVAL", (ops, err)
+    assert sorted(os.listdir(root)) == []
+    st, err = cl.error("POST", "/v1/exec",
+                       {"argv": ["touch", "e\u0000f"]}, expect=400)
+    st, err = cl.error("POST", "/v1/exec",
+                       {"argv": ["true"], "cwd": ".\u0000/x"}, expect=400)
+    assert sorted(os.listdir(root)) == []
+    # An escaped backslash followed by "u0000" is text, not a NUL.
+    res = cl.batch([{"op": "create", "path": "back\\u0000"}])
+    assert res[0].get("ok"), res
+    assert os.listdir(root) == ["back\\u0000"]
+
+
+def test_unlink_trailing_slash(cl, agent):
+    """unlink "x/" removed the symlink x; POSIX says ENOTDIR."""
+    root = Path(agent.root)
+    (root / "d").mkdir()
+    (root / "f").write_text("f")
+    os.symlink("d", root / "x")
+    os.symlink("f", root / "y")
+    res = cl.batch([{"op": "unlink", "path": "x/"},
+                    {"op": "unlink", "path": "y/"},
+                    {"op": "unlink", "path": "f/"},
+                    {"op": "unlink", "path": "d/"},
+                    {"op": "unlink", "path": "nope/"},
+                    {"op": "unlink", "path": "d/f//"}])
+    errs = [r.get("error", {}).get("errno") for r in res]
+    assert errs == ["ENOTDIR", "ENOTDIR", "ENOTDIR", "EISDIR", "ENOENT",
+                    "ENOENT"], res
+    assert os.path.islink(root / "x") and os.path.islink(root / "y")
+    assert (root / "f").read_text() == "f"
+    # without the slash: the link itself goes, its target stays
+    res = cl.batch([{"op": "unlink", "path": "x"},
+                    {"op": "unlink", "path": "y"}])
+    assert all(r.get("ok") for r in res), res
+    assert sorted(os.listdir(root)) == ["d", "f"]
+
+
+@pytest.mark.slow
+def test_unauthenticated_connections_cut(c1, one_agent):
+    """Connections without the token are cut after a short header timeout
+    and capped per address; a connection that showed the token keeps the
+    long idle timeout (docs/protocol.md, "Connections")."""
+    idle = []
+    for _ in range(100):
+        idle.append(socket.create_connection(one_agent.address, timeout=5))
+    # a health check (no token) does not make a connection trusted
+    h = c1.conn()
+    h.request("GET", "/v1/health")
+    assert h.getresponse().read()
+    t = c1.conn()
+    t.request("GET", "/v1/info", headers={"X-Sbx-Token": c1.token})
+    assert json.loads(t.getresponse().read())["protocol"] == 1
+    time.sleep(0.5)
+
+    def open_count(socks):
+        n = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                n += s.recv(1) != b""
+            except BlockingIOError:
+                n += 1
+            except OSError:
+                pass
+        return n
+
+    assert open_count(idle) <= 64
+    time.sleep(11)
+    assert open_count(idle) == 0
+    with pytest.raises((http.client.HTTPException, OSError)):
+        h.request("GET", "/v1/health")
+        h.getresponse().read()
+    t.request("GET", "/v1/info", headers={"X-Sbx-Token": c1.token})
+    assert json.loads(t.getresponse().read())["protocol"] == 1
+    for s in idle:
+        s.close()
+    h.close()
+    t.close()

@@ -1,8 +1,9 @@
 """`sbx serve`: the session REST API (docs/api.md) and the opencode launcher
 (contrib/opencode/sbx-opencode).
 
-Every test runs a real `sbx serve` on 127.0.0.1 (port 0, read from its
-"listening on" line) against the local provider and real FUSE mounts.
+Every test runs a real `sbx serve` (on its default unix socket, or on
+127.0.0.1 port 0 with a token, read from its "listening on" line) against
+the local provider and real FUSE mounts.
 """
 
 import base64
@@ -10,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import threading
@@ -21,8 +23,25 @@ import pytest
 SRC = Path(__file__).resolve().parents[2]
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (as `curl --unix-socket`)."""
+
+    def __init__(self, path, timeout=120):
+        super().__init__("localhost", timeout=timeout)
+        self.path = str(path)
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
 class Server:
-    def __init__(self, env, *extra):
+    """A running `sbx serve`.  On TCP without --token-file the server
+    generates a token and prints "token-file PATH" after its "listening on"
+    line; self.token is then that file's token."""
+
+    def __init__(self, env, *extra, run_as=None):
         self.env = env
         self.argv = [str(env.bin("sbx")), "serve", *map(str, extra)]
         self.p = subprocess.Popen(self.argv, env=env.env,
@@ -33,11 +52,35 @@ class Server:
             self.p.kill()
             raise AssertionError(f"serve did not start: {line!r} "
                                  f"{self.p.stderr.read()}")
-        host, port = line.split()[-1].rsplit(":", 1)
-        self.host, self.port = host, int(port)
+        self.address = line.split()[-1]
+        self.unix = None
         self.token = None
+        self.token_file = None
+        if self.address.startswith("unix:"):
+            self.unix = Path(self.address[5:])
+            self.host, self.port = None, None
+        else:
+            host, port = self.address.rsplit(":", 1)
+            self.host, self.port = host, int(port)
+            if "--token-file" not in self.argv:
+                line = self._readline(10)
+                if not line.startswith("token-file "):
+                    self.p.kill()
+                    raise AssertionError(f"no token-file line: {line!r}")
+                self.token_file = Path(line.split(" ", 1)[1].strip())
+                self.token = self.token_file.read_text().split()[0]
+
+    def _readline(self, timeout):
+        got = []
+        t = threading.Thread(target=lambda: got.append(
+            self.p.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        return got[0] if got else ""
 
     def conn(self, timeout=120):
+        if self.unix is not None:
+            return UnixHTTPConnection(self.unix, timeout=timeout)
         return http.client.HTTPConnection(self.host, self.port,
                                           timeout=timeout)
 
@@ -78,7 +121,8 @@ class Server:
 
 @pytest.fixture
 def server(sbx_env):
-    s = Server(sbx_env, "--listen", "127.0.0.1:0")
+    # The default: a unix socket in $SBX_HOME/run, for this user only.
+    s = Server(sbx_env)
     yield s
     s.stop()
     assert s.p.returncode == 0
@@ -482,3 +526,201 @@ def test_exec_client_gone(sbx_env, repo, server):
     assert ev == [{"exit": 0}]
     time.sleep(2.5)
     sbx_env.sbx_ok("down", "t1", "--force")
+
+
+# ---- who can reach the API (docs/api.md, "Who can reach it") ---------------
+
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534",
+          "--clear-groups"]
+
+# Run as another user: one HTTP request to the server, prints
+# "STATUS BODY" or "ERR <exception>".  Raw sockets, the whole request in
+# one write: a server that answers 403 before reading the body may close
+# while a client still sends it.
+CLIENT = r"""
+import socket, sys
+where, method, path = sys.argv[1], sys.argv[2], sys.argv[3]
+body = b"{}" if method == "POST" else b""
+head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n")
+if len(sys.argv) > 4:
+    head += f"Authorization: Bearer {sys.argv[4]}\r\n"
+try:
+    if where.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect(where[5:])
+    else:
+        host, port = where.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        s.sendall(head.encode() + b"\r\n" + body)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    status = data.split(b"\r\n", 1)[0].split()[1].decode()
+    print(status, data.split(b"\r\n\r\n", 1)[1].decode().strip())
+except Exception as e:
+    print("ERR", type(e).__name__, e)
+"""
+
+
+def as_nobody(address, method, path, token=None):
+    argv = [*NOBODY, "/usr/bin/python3", "-c", CLIENT, address, method,
+            path] + ([token] if token else [])
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       cwd="/")
+    assert p.returncode == 0, p
+    return p.stdout.strip()
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user can enter (the test tree is root's 0700)."""
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="sbx-serve-"))
+    d.chmod(0o755)
+    yield d
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def tcp_listeners(pid):
+    """The TCP sockets process `pid` holds (inodes in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            t = os.readlink(fd)
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            inodes.add(t[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[9] in inodes:
+                found.append(f[1])
+    return found
+
+
+def test_default_is_a_private_unix_socket(sbx_env, repo):
+    """Issue item 3: the default was 127.0.0.1:7077 without a token, so any
+    local user could create sessions and run commands as the server's user.
+    Now it is a unix socket in a 0700 directory, nothing on TCP."""
+    s = Server(sbx_env)
+    try:
+        sock = sbx_env.home / "run" / "serve.sock"
+        assert s.address == f"unix:{sock}", s.address
+        st = sock.parent.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+        assert stat.S_IMODE(sock.stat().st_mode) & 0o077 == 0
+        assert tcp_listeners(s.p.pid) == []
+        assert s.request("GET", "/session") == (200, [])
+        # Another user: the directory keeps it out.
+        out = as_nobody(s.address, "POST", "/session/evil/sandbox")
+        assert out.startswith("ERR PermissionError"), out
+        assert not sbx_env.state_file("evil").exists()
+    finally:
+        s.stop()
+    assert s.p.returncode == 0
+    assert not sock.exists()
+
+
+def test_default_socket_in_xdg_runtime_dir(sbx_env, tmp_path):
+    # Without SBX_HOME: $XDG_RUNTIME_DIR/sbx/serve.sock.
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    env = dict(sbx_env.env)
+    env.pop("SBX_HOME")
+    env["XDG_RUNTIME_DIR"] = str(rt)
+    p = subprocess.Popen([str(sbx_env.bin("sbx")), "serve"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline().strip()
+        assert line == f"listening on unix:{rt}/sbx/serve.sock", \
+            (line, p.stderr.read() if p.poll() is not None else "")
+        assert stat.S_IMODE((rt / "sbx").stat().st_mode) == 0o700
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 0
+        p.stdout.close()
+        p.stderr.close()
+
+
+def test_unix_socket_peer_credentials(sbx_env, repo, shared_dir):
+    """Even a socket others can open (a shared directory, a chmod) serves
+    only the server's user and root: SO_PEERCRED."""
+    sock = shared_dir / "api.sock"
+    s = Server(sbx_env, "--listen", f"unix:{sock}")
+    try:
+        sock.chmod(0o666)
+        for method, path in (("GET", "/session"),
+                             ("POST", "/session/evil/sandbox")):
+            out = as_nobody(s.address, method, path)
+            assert out.startswith("403 "), out
+            assert json.loads(out[4:])["error"]["type"] == "AuthError"
+        assert not sbx_env.state_file("evil").exists()
+        assert s.request("GET", "/session") == (200, [])
+    finally:
+        s.stop()
+    # --socket PATH is the same as --listen unix:PATH.
+    s = Server(sbx_env, "--socket", sock)
+    try:
+        assert s.address == f"unix:{sock}"
+        assert s.request("GET", "/session") == (200, [])
+    finally:
+        s.stop()
+    r = sbx_env.sbx("serve", "--socket", sock, "--listen", "127.0.0.1:0",
+                    timeout=10)
+    assert r.rc == 2, r
+
+
+def test_tcp_generates_a_token(sbx_env, repo):
+    """TCP reaches every local user: without --token-file the server makes
+    a token, writes it to a 0600 file and prints the file's path."""
+    s = Server(sbx_env, "--listen", "127.0.0.1:0")
+    try:
+        tf = s.token_file
+        assert tf is not None and tf.parent == sbx_env.home / "run", tf
+        assert stat.S_IMODE(tf.stat().st_mode) == 0o600
+        assert len(s.token) >= 32
+        st, b = s.request("GET", "/session",
+                          headers={"X-Sbx-Token": "wrong"})
+        assert_error(st, b, 401, "AuthError")
+        c = s.conn()
+        c.request("GET", "/session")
+        r = c.getresponse()
+        assert r.status == 401, r.read()
+        c.close()
+        assert s.request("GET", "/session") == (200, [])
+        out = as_nobody(s.address, "POST", "/session/evil/sandbox")
+        assert out.startswith("401 "), out
+        assert not sbx_env.state_file("evil").exists()
+        assert s.token not in s.stop()
+    finally:
+        s.stop()
+    assert not tf.exists()
+
+
+def test_token_file_open_to_others_refused(sbx_env):
+    """Issue item 5, for `sbx serve --token-file`: like ssh with a key."""
+    tok = sbx_env.root / "token"
+    tok.write_text("s3cret-token\n")
+    for mode in (0o644, 0o640, 0o604):
+        tok.chmod(mode)
+        r = sbx_env.sbx("serve", "--listen", "127.0.0.1:0", "--token-file",
+                        tok, timeout=10)
+        assert r.rc == 5, r
+        assert "chmod 600" in r.err and str(tok) in r.err, r
+        assert "s3cret" not in r.text

@@ -69,6 +69,7 @@ static void test_defaults(void **state)
 	assert_string_equal(
 		sbx_json_str(sbx_config_section(cfg, "local"), "isolation"),
 		"none");
+	assert_false(sbx_config_allow_other(cfg));
 	setenv("HOME", "/home/u", 1);
 	assert_int_equal(sbx_config_mount_root(&root, cfg), 0);
 	assert_string_equal(root, "/home/u/sbx");
@@ -155,6 +156,10 @@ static void test_bad_values(void **state)
 			"string");
 	th_write(f->user, "{\"local\": {\"isolation\": \"docker\"}}");
 	expect_fail(&o, "\"isolation\" must be \"none\" or \"bwrap\"");
+	th_write(f->user, "{\"mount\": {\"allow_other\": 1}}");
+	expect_fail(&o, "mount: \"allow_other\" must be true or false");
+	th_write(f->user, "{\"mount\": true}");
+	expect_fail(&o, "\"mount\" must be an object");
 	th_write(f->user, "{\"modal\": []}");
 	expect_fail(&o, "\"modal\" must be an object, not array");
 	th_write(f->user, "[1]");

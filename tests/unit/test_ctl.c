@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -36,7 +37,7 @@
 
 struct fs {
 	struct plocal_sandbox psb;
-	int before, after;
+	int before, after, pings;
 };
 
 static struct sbx_sandbox_ops fake_ops = {
@@ -69,6 +70,11 @@ int fs_barrier_after(struct fs *fs)
 {
 	__atomic_add_fetch(&fs->after, 1, __ATOMIC_SEQ_CST);
 	return 0;
+}
+
+void fs_ping(struct fs *fs)
+{
+	__atomic_add_fetch(&fs->pings, 1, __ATOMIC_SEQ_CST);
 }
 
 struct env {
@@ -204,6 +210,43 @@ static void test_request_roundtrip(void **state)
 	p[0] = 9;
 	assert_int_equal(sbx_ctl_request_decode(&out, p, len),
 			 -EPROTONOSUPPORT);
+	free(p);
+}
+
+/* The client's umask rides after the strings (SBX_CTL_REQ_UMASK). */
+static void test_request_umask(void **state)
+{
+	char *argv[] = { "sh", NULL };
+	char *envp[] = { NULL };
+	struct sbx_ctl_request in = {
+		.flags = SBX_CTL_REQ_UMASK, .cwd = "", .argv = argv,
+		.envp = envp, .umask = 027,
+	}, *out = NULL;
+	uint8_t *p;
+	size_t len;
+
+	assert_int_equal(sbx_ctl_request_encode(&p, &len, &in), 0);
+	assert_int_equal(sbx_ctl_request_decode(&out, p, len), 0);
+	assert_int_equal(out->flags, SBX_CTL_REQ_UMASK);
+	assert_int_equal(out->umask, 027);
+	assert_string_equal(out->argv[0], "sh");
+	assert_null(out->envp[0]);
+	sbx_ctl_request_free(out);
+	for (size_t l = 0; l < len; l++) {
+		assert_true(sbx_ctl_request_decode(&out, p, l) < 0);
+		assert_null(out);
+	}
+	/* Not a mode mask. */
+	p[len - 2] = 1;
+	assert_int_equal(sbx_ctl_request_decode(&out, p, len), -EPROTO);
+	free(p);
+
+	/* Without the flag: no trailing field, umask 0 in the struct. */
+	in.flags = 0;
+	assert_int_equal(sbx_ctl_request_encode(&p, &len, &in), 0);
+	assert_int_equal(sbx_ctl_request_decode(&out, p, len), 0);
+	assert_int_equal(out->umask, 0);
+	sbx_ctl_request_free(out);
 	free(p);
 }
 
@@ -447,10 +490,37 @@ static void test_daemon_down(void **state)
 	assert_non_null(strstr(sbx_error_last()->msg, "run `sbx mount gone`"));
 }
 
+/* PING: a live daemon answers; a socket nobody accepts on times out. */
+static void test_ping(void **state)
+{
+	struct env *e = *state;
+	char path[160];
+	struct timespec t0, t1;
+	int fd, rc;
+
+	assert_int_equal(sbx_ctl_ping(e->sock, 2000), 0);
+	assert_int_equal(e->fs.pings, 1);
+
+	/* A stopped daemon: the kernel completes the connect through the
+	 * listen backlog, and nothing ever answers. */
+	snprintf(path, sizeof(path), "%s/mute.sock", e->dir);
+	assert_int_equal(sbx_ctl_listen(path, &fd), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = sbx_ctl_ping(path, 300);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	assert_int_equal(rc, -ETIMEDOUT);
+	assert_true((t1.tv_sec - t0.tv_sec) * 1000 +
+			    (t1.tv_nsec - t0.tv_nsec) / 1000000 < 2000);
+	close(fd);
+	assert_int_equal(sbx_ctl_ping(path, 300), -ECONNREFUSED);
+	sbx_error_clear();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_request_roundtrip),
+		cmocka_unit_test(test_request_umask),
 		cmocka_unit_test(test_frames_bytewise),
 		cmocka_unit_test(test_env_policy),
 		cmocka_unit_test(test_daemon_down),
@@ -470,6 +540,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_fd_passing, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_ping, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -73,6 +73,17 @@ static void test_nul_byte(void **state)
 	assert_int_equal(sbx_json_parse(&j, "{}\0{}", 5, "n"), -EINVAL);
 	assert_string_equal(sbx_error_last()->msg,
 			    "n:1:3: NUL byte in JSON text");
+	/* U+0000 in a string would cut it as a C string: refused too. */
+	expect_error("{\"p\": \"a\\u0000b\"}",
+		     "t.json:1:9: \\u0000 (a NUL character) in a string");
+	expect_error("[\"\\u0000\"]", "t.json:1:3: \\u0000");
+	expect_error("{\"k\\u0000\": 1}", "t.json:1:4: \\u0000");
+	/* An escaped quote does not end the string. */
+	expect_error("{\"c\": \"\\\"\\u0000\"}", "t.json:1:10: \\u0000");
+	/* Other escapes and an escaped backslash before "u0000" are fine. */
+	j = parse("{\"a\": \"x\\\\u0000\", \"b\": \"\\u0001\\u1000\"}");
+	assert_string_equal(sbx_json_str(j, "a"), "x\\u0000");
+	cJSON_Delete(j);
 }
 
 static void test_getters(void **state)

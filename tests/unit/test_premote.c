@@ -157,6 +157,8 @@ static char *write_token(const char *dir, const char *text)
 
 	assert_true(asprintf(&p, "%s/token", dir) > 0);
 	th_write(p, text);
+	/* Token files open to others are refused (sbx/token.h). */
+	assert_int_equal(chmod(p, 0600), 0);
 	return p;
 }
 
