@@ -1063,37 +1063,47 @@ static void tarx_free(void *p)
 	free(x);
 }
 
-/* The start of a PUT: check the query, create and open REL. */
-static int put_begin(struct agent_req *r)
+int agent_extract_begin(struct agent_req *r, const char *path, bool replace)
 {
-	const char *arg = agent_arg(r, "path");
 	struct tarx *x;
-	long long replace;
-	char *path = NULL;
-	int fd = -1, rc;
+	int fd = -1, rc = 0;
 
-	rc = agent_path_norm(arg ? arg : "", &path);
-	if (rc == 0)
-		rc = agent_arg_int(r, "replace", 0, 0, 1, &replace);
-	if (rc == 0 && *path)
+	if (*path)
 		rc = mkdirs(r->a, path, NULL);
 	if (rc == 0)
 		rc = agent_open(r->a, path, O_PATH | O_DIRECTORY, 0, &fd);
-	if (rc < 0) {
-		free(path);
-		return agent_reply_error(r, 0, rc) == MHD_YES ? 0 : -EIO;
-	}
+	if (rc < 0)
+		return rc;
 	x = sbx_xcalloc(1, sizeof(*x));
 	x->a = r->a;
 	x->sub.root_fd = fd;
 	x->sub.use_openat2 = r->a->use_openat2;
 	x->sub.root_path = r->a->root_path;
-	x->rel = path;
+	x->rel = sbx_xstrdup(path);
 	x->replace = replace;
 	x->fd = -1;
 	x->rd = agent_tar_reader_new(on_entry, on_data, x);
 	r->upload_state = x;
 	r->upload_free = tarx_free;
+	return 0;
+}
+
+/* The start of a PUT: check the query, create and open REL. */
+static int put_begin(struct agent_req *r)
+{
+	const char *arg = agent_arg(r, "path");
+	long long replace;
+	char *path = NULL;
+	int rc;
+
+	rc = agent_path_norm(arg ? arg : "", &path);
+	if (rc == 0)
+		rc = agent_arg_int(r, "replace", 0, 0, 1, &replace);
+	if (rc == 0)
+		rc = agent_extract_begin(r, path, replace);
+	free(path);
+	if (rc < 0)
+		return agent_reply_error(r, 0, rc) == MHD_YES ? 0 : -EIO;
 	return 0;
 }
 
@@ -1112,15 +1122,18 @@ int agent_archive_upload(struct agent_req *r, const char *data, size_t len)
 	return 0;
 }
 
-int agent_h_archive_put(struct agent_req *r)
+int agent_extract_finish(struct agent_req *r, uint64_t *entries,
+			 uint64_t *bytes, unsigned *status_out)
 {
 	struct tarx *x = r->upload_state;
-	cJSON *o;
 	int fd;
 
+	*entries = *bytes = 0;
+	*status_out = 0;
 	if (!x) {
-		sbx_error_set(SBX_ERR_INTERNAL, -EIO, "archive: no upload");
-		return agent_reply_error(r, 500, -EIO);
+		*status_out = 500;
+		return sbx_error_set(SBX_ERR_INTERNAL, -EIO,
+				     "archive: no upload");
 	}
 	if (!x->rc && agent_tar_finish(x->rd) < 0)
 		fail(x, 400, sbx_error_last()->code);
@@ -1140,14 +1153,70 @@ int agent_h_archive_put(struct agent_req *r)
 	}
 	apply_dirs(x);
 	if (x->rc) {
-		sbx_warn("PUT archive %s: %s", *x->rel ? x->rel : ".", x->msg);
-		sbx_error_set(SBX_ERR_PROTO, x->rc, "%s", x->msg);
-		return agent_reply_error(r, x->status, x->rc);
+		*status_out = x->status;
+		return sbx_error_set(SBX_ERR_PROTO, x->rc, "%s", x->msg);
+	}
+	*entries = x->entries;
+	*bytes = x->bytes;
+	return 0;
+}
+
+int agent_extract_dirfd(struct agent_req *r)
+{
+	struct tarx *x = r->upload_state;
+
+	return x ? x->sub.root_fd : -1;
+}
+
+struct agent *agent_extract_confined(struct agent_req *r)
+{
+	struct tarx *x = r->upload_state;
+
+	return x ? &x->sub : NULL;
+}
+
+int agent_extract_clear(struct agent_req *r)
+{
+	struct tarx *x = r->upload_state;
+	struct nameset none = { 0 }, kept;
+	int fd, rc;
+
+	if (!x)
+		return 0;
+	if (x->fd >= 0) {
+		close(x->fd);
+		x->fd = -1;
+	}
+	fd = openat(x->sub.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return sbx_error_os("open %s", x->rel);
+	/* Everything is an extra against an empty set of names. */
+	kept = x->seen;
+	x->seen = none;
+	rc = remove_extras(x, fd, "");
+	x->seen = kept;
+	close(fd);
+	return rc;
+}
+
+int agent_h_archive_put(struct agent_req *r)
+{
+	struct tarx *x = r->upload_state;
+	uint64_t entries, bytes;
+	unsigned status;
+	cJSON *o;
+	int rc;
+
+	rc = agent_extract_finish(r, &entries, &bytes, &status);
+	if (rc < 0) {
+		sbx_warn("PUT archive %s: %s", x && *x->rel ? x->rel : ".",
+			 sbx_error_last()->msg);
+		return agent_reply_error(r, status, rc);
 	}
 	sbx_debug("PUT archive %s: %" PRIu64 " entries, %" PRIu64 " bytes",
-		  *x->rel ? x->rel : ".", x->entries, x->bytes);
+		  *x->rel ? x->rel : ".", entries, bytes);
 	o = cJSON_CreateObject();
-	cJSON_AddNumberToObject(o, "entries", (double)x->entries);
-	cJSON_AddNumberToObject(o, "bytes", (double)x->bytes);
+	cJSON_AddNumberToObject(o, "entries", (double)entries);
+	cJSON_AddNumberToObject(o, "bytes", (double)bytes);
 	return agent_reply_json(r, 200, o);
 }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -36,6 +37,11 @@ static const struct agent_route routes[] = {
 	/* A streamed body of any size (extracted as it arrives). */
 	{ "PUT", "/v1/archive", agent_h_archive_put, true, 0,
 	  agent_archive_upload },
+	/* A repository: streamed like an archive, then the index refreshed. */
+	{ "PUT", "/v1/repo/seed", agent_h_repo_seed, true, 0,
+	  agent_repo_seed_upload },
+	{ "GET", "/v1/repo/state", agent_h_repo_state, true, 0 },
+	{ "POST", "/v1/repo/objects", agent_h_repo_objects, true, JSON_BODY },
 	{ "POST", "/v1/exec", agent_h_exec_start, true, JSON_BODY },
 	{ "GET", "/v1/exec/*/output", agent_h_exec_output, true, 0 },
 	{ "POST", "/v1/exec/*/stdin", agent_h_exec_stdin, true, DATA_BODY },
@@ -143,8 +149,9 @@ int agent_h_health(struct agent_req *r)
 
 int agent_h_info(struct agent_req *r)
 {
-	static const char *const caps[] = { "fs",  "bulk",  "batch",  "exec",
-					    "pty", "xattr", "archive" };
+	static const char *const caps[] = { "fs",  "bulk",  "batch",   "exec",
+					    "pty", "xattr", "archive", "repo",
+					    "alias" };
 	cJSON *o = cJSON_CreateObject();
 	cJSON *l = cJSON_CreateObject();
 	cJSON *c;
@@ -152,6 +159,15 @@ int agent_h_info(struct agent_req *r)
 	cJSON_AddStringToObject(o, "version", SBX_VERSION);
 	cJSON_AddNumberToObject(o, "protocol", SBX_PROTO_VERSION);
 	cJSON_AddStringToObject(o, "root", r->a->root_path);
+	{
+		/* The root's attributes: a client that opens a sandbox needs
+		 * them, and gets them without another round trip. */
+		struct stat st;
+
+		if (fstat(r->a->root_fd, &st) == 0)
+			cJSON_AddItemToObject(o, "root_st",
+					      sbx_proto_stat_to_json(&st));
+	}
 	cJSON_AddStringToObject(o, "boot_id", r->a->boot_id);
 	c = cJSON_AddArrayToObject(o, "capabilities");
 	for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)

@@ -119,6 +119,37 @@ SBX_WUR int cli_mountpoint_prepare(char **abs_out, bool *created_out,
  */
 SBX_WUR int cli_unmount(const char *mountpoint, bool lazy);
 
+/* ---- status_ask.c: what status and ls report -------------------------- */
+
+/*
+ * Ask the provider of remote session `s` what became of its sandbox and
+ * correct the status object `st`: the provider's state; a failed sandbox
+ * as error SandboxError (NotFoundError when it is gone) with its reason;
+ * a provider that cannot be asked as state "unknown" with error
+ * UnavailableError (ConfigError for credentials) and the error's class.
+ * Blocks up to the provider's own timeouts.
+ */
+void cli_status_ask(struct cJSON *st, const struct sbx_session *s);
+
+/*
+ * The status object of `s` as `sbx status` reports it: the record, the
+ * provider's answer (remote sessions in state ready), then the daemon's
+ * (sbx_status_probe(), at most ping_ms).  Caller frees.
+ */
+struct cJSON *cli_status_object(const struct sbx_session *s, int ping_ms);
+
+/* `sbx ls` waits this long for all providers and daemons together. */
+#define CLI_LS_TIMEOUT_MS 5000
+
+/*
+ * cli_status_object() for n sessions at once: each one that may block
+ * runs in a child process; what has not answered after timeout_ms is
+ * killed and reported as state "unknown".  out[i] (caller frees) belongs
+ * to s[i].  Forks: single-threaded callers only.
+ */
+void cli_status_gather(struct cJSON **out, const struct sbx_session *s,
+		       size_t n, int timeout_ms);
+
 /* ---- daemon.c: the per-session FUSE daemon ----------------------------- */
 
 /*
@@ -156,6 +187,11 @@ struct cli_up_opts {
 	const struct cJSON *flags;
 	bool carry;   /* copy the checkout's uncommitted changes */
 	bool isolate; /* local.isolation=bwrap was asked for */
+	/* Repository of a sandbox elsewhere (repo_i.h): none at all, or
+	 * only `depth` commits of history (0: all); progress lines. */
+	bool no_repo;
+	int depth;
+	bool progress;
 };
 
 /*
@@ -174,9 +210,12 @@ SBX_WUR int cli_session_up(struct cJSON **status_out, int *exit_out,
 /*
  * `sbx down`: unmount session `name` and terminate its sandbox
  * (SBX_TERMINATE_* `flags`), or with `keep` only unmount and mark it
- * stopped.  -EBUSY (the provider refuses: uncommitted work; the mount is
- * restored) or the errors of the steps; -ENOENT (NOTFOUND) for an unknown
- * session.  Takes the session lock.
+ * stopped.  A sandbox elsewhere that was given a repository is pulled
+ * first (cli_session_pull()); a pull that fails or is refused refuses
+ * the `down` (-EBUSY, the mount restored) unless SBX_TERMINATE_FORCE.
+ * -EBUSY (the provider refuses: uncommitted work; the mount is restored)
+ * or the errors of the steps; -ENOENT (NOTFOUND) for an unknown session.
+ * Takes the session lock.
  */
 SBX_WUR int cli_session_down(const char *name, unsigned flags, bool keep);
 
@@ -202,5 +241,7 @@ int cli_cmd_shim(int argc, char **argv);
 int cli_cmd_env(int argc, char **argv);
 /* cmd_serve.c (API issue): `sbx serve`. */
 int cli_cmd_serve(int argc, char **argv);
+/* cmd_pull.c: `sbx pull` (repo_i.h). */
+int cli_cmd_pull(int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
+#include "repo_i.h"
 
 /* Remount after a refused terminate; reports both errors if that fails. */
 static void restore_mount(struct sbx_session *s, int lock)
@@ -33,6 +34,41 @@ static void restore_mount(struct sbx_session *s, int lock)
 				"run `sbx mount %s`\n", s->session,
 			sbx_error_last()->msg, s->session);
 	sbx_error_set(refused.klass, refused.code, "%s", refused.msg);
+}
+
+/*
+ * Pull a sandbox elsewhere that was given a repository (repo_i.h).  After
+ * the unmount, so what the mount still buffered (a commit made through
+ * it) is in the sandbox; before terminate (which snapshots and deletes).
+ * Anything but a clean pull refuses the `down` (-EBUSY), unless forced:
+ * then it is a warning and the sandbox goes.
+ */
+static int pull_before_down(const struct sbx_session *s, unsigned flags)
+{
+	struct cli_pull_result res;
+	int rc;
+
+	if (!cli_session_has_remote_repo(s))
+		return 0;
+	rc = cli_session_pull(s, s->repo, &res, false);
+	if (rc == 0)
+		return 0;
+	if (flags & SBX_TERMINATE_FORCE) {
+		fprintf(stderr, "sbx: warning: removing the sandbox of %s "
+				"without pulling (--force): %s\n",
+			s->session, sbx_error_last()->msg);
+		sbx_error_clear();
+		return 0;
+	}
+	if (rc == -EBUSY)
+		return sbx_error_prefix(rc, "session %s kept (`sbx down %s "
+					"--force` removes it without pulling)",
+					s->session, s->session);
+	return sbx_error_set(SBX_ERR_STATE, -EBUSY,
+			     "session %s kept: pulling its branch failed (%s); "
+			     "retry `sbx down %s`, or pass --force to remove "
+			     "the sandbox without pulling",
+			     s->session, sbx_error_last()->msg, s->session);
 }
 
 /* Best-effort removal of what belonged only to the session. */
@@ -70,6 +106,13 @@ int cli_session_down(const char *name, unsigned flags, bool keep)
 		goto out;
 	}
 
+	/* The agent's commits come home before the sandbox goes. */
+	rc = pull_before_down(&s, flags);
+	if (rc < 0) {
+		if (was_mounted)
+			restore_mount(&s, lock);
+		goto out;
+	}
 	rc = cli_session_provider(&p, &s);
 	if (rc == 0)
 		rc = p->ops->terminate(p, s.session, flags);
@@ -110,7 +153,8 @@ int cli_session_down(const char *name, unsigned flags, bool keep)
 	cleanup(&s);
 out:
 	sbx_provider_free(p);
-	sbx_state_unlock(lock);
+	/* A session that is gone leaves no lock file (issue: leftovers). */
+	sbx_state_unlock_forget(lock, name);
 	sbx_session_fini(&s);
 	return rc;
 }

@@ -32,13 +32,14 @@ struct exec_args {
 };
 
 /* The control socket of session `name`: as recorded by the daemon, else
- * the conventional path.  *out malloc'd. */
-static int session_socket(char **out, const char *name)
+ * the conventional path.  *out malloc'd; *remote_out: a remote session. */
+static int session_socket(char **out, bool *remote_out, const char *name)
 {
 	struct sbx_session s;
 	int rc;
 
 	*out = NULL;
+	*remote_out = false;
 	rc = sbx_state_load(&s, name);
 	if (rc < 0) {
 		sbx_session_fini(&s);
@@ -46,25 +47,58 @@ static int session_socket(char **out, const char *name)
 	}
 	if (s.control_socket)
 		*out = sbx_xstrdup(s.control_socket);
+	*remote_out = s.remote;
 	sbx_session_fini(&s);
 	if (*out)
 		return 0;
 	return sbx_paths_session_file(out, "run", name, ".sock");
 }
 
+/*
+ * -e KEY=VALUE, plus (remote sessions) SBX_EXEC_SET=KEY,... naming them: a
+ * sandbox with an environment of its own (kubernetes, modal) keeps its
+ * PATH and HOME unless the user set them here; the remote provider reads
+ * and drops it (docs/exec.md).  *set_out is freed by the caller; the
+ * array is NULL-terminated.
+ */
+static const char **with_exec_set(const struct exec_args *a, bool remote,
+				  char **set_out)
+{
+	const char **v = sbx_xcalloc(a->nextra + 2, sizeof(*v));
+	char *set = sbx_xstrdup("SBX_EXEC_SET=");
+
+	for (size_t i = 0; i < a->nextra; i++) {
+		char *next = sbx_xasprintf("%s%s%.*s", set, i ? "," : "",
+					   (int)strcspn(a->extra[i], "="),
+					   a->extra[i]);
+
+		free(set);
+		set = next;
+		v[i] = a->extra[i];
+	}
+	if (a->nextra && remote)
+		v[a->nextra] = set;
+	*set_out = set;
+	return v;
+}
+
 static int run_exec(const struct exec_args *a)
 {
-	char *sock = NULL, **env = NULL;
+	char *sock = NULL, **env = NULL, *set = NULL;
+	const char **extra;
+	bool remote = false;
 	int rc, status;
 
 	rc = cli_check_name(a->cmd, a->name);
 	if (rc)
 		return rc;
-	rc = session_socket(&sock, a->name);
+	rc = session_socket(&sock, &remote, a->name);
 	if (rc < 0)
 		return cli_report(SBX_CTL_EXIT_SBX);
-	sbx_ctl_env_build(&env, environ, NULL,
-			  (const char *const *)a->extra);
+	extra = with_exec_set(a, remote, &set);
+	sbx_ctl_env_build(&env, environ, NULL, extra);
+	free(extra);
+	free(set);
 	{
 		struct sbx_ctl_run_opts o = {
 			.socket_path = sock,

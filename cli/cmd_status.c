@@ -1,4 +1,7 @@
-/* sbx ls / sbx status: report sessions from the state store. */
+/*
+ * sbx ls / sbx status: report sessions from the state store, corrected
+ * by what their providers and daemons say now (status_ask.c).
+ */
 #include "config.h"
 
 #include <getopt.h>
@@ -12,7 +15,9 @@
 #include "sbx/provider.h"
 #include "sbx/state.h"
 #include "sbx/status.h"
+#include "sbx/xmalloc.h"
 #include "cli_i.h"
+#include "repo_i.h"
 
 static const char *or_dash(const char *s)
 {
@@ -26,9 +31,10 @@ int cli_cmd_ls(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
-	cJSON *arr = NULL;
+	cJSON *arr = NULL, **sts = NULL;
+	struct sbx_session *ss = NULL;
 	char **names = NULL;
-	size_t n = 0;
+	size_t n = 0, m = 0;
 	bool json = false;
 	int opt, rc;
 
@@ -45,72 +51,42 @@ int cli_cmd_ls(int argc, char **argv)
 	if (rc < 0)
 		return cli_report(CLI_EXIT_FAIL);
 	arr = cJSON_CreateArray();
-	if (!json && n)
-		printf("%-24s %-10s %-8s %-7s %s\n", "NAME", "PROVIDER",
-		       "STATE", "MOUNTED", "MOUNTPOINT");
+	ss = sbx_xcalloc(n ? n : 1, sizeof(*ss));
 	for (size_t i = 0; i < n; i++) {
-		struct sbx_session s;
-		cJSON *st;
-
 		/* Lock-free: records are replaced atomically. */
-		if (sbx_state_load(&s, names[i]) < 0) {
+		if (sbx_state_load(&ss[m], names[i]) < 0) {
 			fprintf(stderr, "sbx: skipping %s: %s\n", names[i],
 				sbx_error_last()->msg);
 			sbx_error_clear();
+			sbx_session_fini(&ss[m]);
 			continue;
 		}
-		st = sbx_status_new(&s);
+		m++;
+	}
+	/* The same state as `sbx status`, every provider asked at once. */
+	sts = sbx_xcalloc(m ? m : 1, sizeof(*sts));
+	cli_status_gather(sts, ss, m, CLI_LS_TIMEOUT_MS);
+	if (!json && m)
+		printf("%-24s %-10s %-8s %-7s %s\n", "NAME", "PROVIDER",
+		       "STATE", "MOUNTED", "MOUNTPOINT");
+	for (size_t i = 0; i < m; i++) {
 		if (!json)
-			printf("%-24s %-10s %-8s %-7s %s\n", s.session,
-			       or_dash(s.provider),
-			       or_dash(sbx_json_str(st, "state")),
-			       sbx_json_bool(st, "mounted", false) ? "yes"
-								   : "no",
-			       or_dash(s.mountpoint));
-		cJSON_AddItemToArray(arr, st);
-		sbx_session_fini(&s);
+			printf("%-24s %-10s %-8s %-7s %s\n", ss[i].session,
+			       or_dash(ss[i].provider),
+			       or_dash(sbx_json_str(sts[i], "state")),
+			       sbx_json_bool(sts[i], "mounted", false) ? "yes"
+								       : "no",
+			       or_dash(ss[i].mountpoint));
+		cJSON_AddItemToArray(arr, sts[i]);
+		sbx_session_fini(&ss[i]);
 	}
 	if (json)
 		cli_print_json(arr);
 	cJSON_Delete(arr);
+	free(sts);
+	free(ss);
 	sbx_state_names_free(names, n);
 	return CLI_EXIT_OK;
-}
-
-/*
- * A remote sandbox can die behind our back (a pod deleted or evicted, an
- * agent gone): ask the provider, and report what it says as the state
- * and error.  Failing to ask is not an error of `status`.
- */
-static void ask_provider(const struct sbx_session *s, cJSON *st)
-{
-	struct sbx_provider *p = NULL;
-	struct sbx_sandbox_info info;
-	const char *err;
-
-	memset(&info, 0, sizeof(info));
-	if (cli_session_provider(&p, s) < 0 ||
-	    p->ops->get(p, s->session, &info) < 0) {
-		sbx_error_clear();
-		sbx_provider_free(p);
-		return;
-	}
-	sbx_json_set_str(st, "state", sbx_state_name(info.state));
-	err = sbx_json_str(info.extra, "error");
-	if (info.state == SBX_STATE_ERROR && err &&
-	    !cJSON_GetObjectItem(st, "error")) {
-		cJSON *e = cJSON_CreateObject();
-
-		sbx_json_set_str(e, "type", SBX_STATUS_NOTFOUND_ERROR);
-		sbx_json_set_str(e, "message", err);
-		sbx_json_set_take(st, "error", e);
-	}
-	if (info.extra) {
-		sbx_json_set_take(st, "sandbox", info.extra);
-		info.extra = NULL;
-	}
-	sbx_sandbox_info_fini(&info);
-	sbx_provider_free(p);
 }
 
 int cli_cmd_status(int argc, char **argv)
@@ -127,7 +103,7 @@ int cli_cmd_status(int argc, char **argv)
 	struct sbx_session s;
 	bool json = false;
 	cJSON *st;
-	int opt;
+	int opt, ret;
 
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (opt) {
@@ -141,9 +117,10 @@ int cli_cmd_status(int argc, char **argv)
 		return CLI_EXIT_USAGE;
 	if (sbx_state_load(&s, argv[optind]) < 0)
 		return cli_report(CLI_EXIT_FAIL);
-	st = sbx_status_new(&s);
-	if (s.remote && s.state == SBX_STATE_READY)
-		ask_provider(&s, st);
+	/* The record, the provider, then the daemon (status_ask.c). */
+	st = cli_status_object(&s, SBX_STATUS_PING_MS);
+	/* The sandbox's sbx/NAME and whether it is pulled (cmd_pull.c). */
+	cli_status_branch(st, &s);
 	if (json) {
 		cli_print_json(st);
 	} else {
@@ -165,12 +142,16 @@ int cli_cmd_status(int argc, char **argv)
 		else
 			printf("%-11s not mounted; run `sbx mount %s`\n", "note",
 			       s.session);
+		cli_status_branch_print(st);
 		if (err)
 			printf("%-11s %s: %s\n", "error",
 			       or_dash(sbx_json_str(err, "type")),
 			       or_dash(sbx_json_str(err, "message")));
 	}
+	/* A state nobody could tell is not a success. */
+	ret = strcmp(or_dash(sbx_json_str(st, "state")),
+		     SBX_STATUS_STATE_UNKNOWN) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 	cJSON_Delete(st);
 	sbx_session_fini(&s);
-	return CLI_EXIT_OK;
+	return ret;
 }

@@ -21,6 +21,7 @@
 #include "sbx/status.h"
 #include "sbx/xmalloc.h"
 #include "cli_i.h"
+#include "repo_i.h"
 
 /* What the command line gives; cli_up_opts is built from it. */
 struct up_opts {
@@ -37,9 +38,12 @@ struct up_opts {
 	const char *ns;         /* kubernetes: namespace */
 	const char *context;    /* kubernetes: kubeconfig context */
 	const char *kubeconfig; /* kubernetes: kubeconfig file */
+	const char *depth;      /* --depth N */
 	bool carry;
 	bool isolate;
+	bool allow_other;
 	bool json;
+	bool no_repo;
 };
 
 /* Session name from the repository directory name plus 4 random hex. */
@@ -260,7 +264,10 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 	const char *pname = sbx_config_provider(cfg);
 	const cJSON *section = sbx_config_section(cfg, pname);
 	char *repo = NULL, *root = NULL, *dflt = NULL, *mp = NULL;
-	bool created_mp = false, recorded = false;
+	bool created_mp = false, recorded = false, adopted = false;
+	bool made = false;
+	struct cli_seed *seed = NULL;
+	bool seed_implicit = false;
 	int rc;
 
 	memset(&info, 0, sizeof(info));
@@ -271,6 +278,18 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 		rc = sbx_paths_git_toplevel(&repo, o->repo);
 		if (rc < 0)
 			goto out;
+	}
+	/* A sandbox elsewhere gets the repository sent (repo_up.c). */
+	rc = cli_up_seed_prepare(&seed, &seed_implicit, o, pname);
+	if (rc < 0) {
+		*exit_out = sbx_error_last()->klass == SBX_ERR_STATE
+				    ? CLI_EXIT_REFUSED
+				    : CLI_EXIT_CONFIG;
+		goto out;
+	}
+	if (seed) {
+		free(repo);
+		repo = sbx_xstrdup(cli_seed_repo(seed));
 	}
 	if (!o->mount) {
 		rc = sbx_config_mount_root(&root, cfg);
@@ -295,6 +314,7 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 	mp = NULL;
 	s->repo = repo ? sbx_xstrdup(repo) : NULL;
 	s->created_at = time(NULL);
+	s->allow_other = sbx_config_allow_other(cfg);
 	rc = sbx_state_save(s);
 	if (rc < 0)
 		goto out;
@@ -315,6 +335,7 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 		sbx_error_clear();
 		fprintf(stderr, "sbx: reusing the existing sandbox of "
 				"session %s\n", s->session);
+		adopted = true;
 		rc = p->ops->get(p, s->session, &info);
 	}
 	if (rc < 0) {
@@ -324,8 +345,18 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 		goto out;
 	}
 	take_info(s, &info);
+	/* Ours to delete again if the rest fails (remote: local worktrees
+	 * keep their old "retry with sbx mount" behaviour). */
+	made = info.remote && !adopted;
 	if (s->state == SBX_STATE_CREATING)
 		s->state = SBX_STATE_READY;
+	if (seed && !adopted) {
+		rc = cli_up_seed(seed, seed_implicit, p, s);
+		if (rc < 0) {
+			*exit_out = CLI_EXIT_CREATE;
+			goto out;
+		}
+	}
 	rc = sbx_state_save(s);
 	if (rc < 0)
 		goto out;
@@ -333,12 +364,41 @@ static int create(struct sbx_session *s, const struct cli_up_opts *o,
 	created_mp = false;
 
 	rc = remount(s, NULL, cfg, lock_fd);
-	if (rc < 0)
+	if (rc < 0 && made) {
+		/* Undone below, sandbox, record and mountpoint. */
+		recorded = true;
+		created_mp = true;
+		rc = sbx_error_prefix(rc, "mounting the new sandbox failed");
+	} else if (rc < 0) {
 		rc = sbx_error_prefix(rc, "sandbox %s created, but mounting "
 				      "it failed (retry with `sbx mount %s`)",
 				      s->sandbox_id ? s->sandbox_id : "",
 				      s->session);
+	}
 out:
+	if (rc < 0 && made) {
+		/*
+		 * A failed `up` leaves no sandbox of its own behind: one we
+		 * made and cannot use (the pod proxy is forbidden, the
+		 * repository could not be sent, the mount failed) holds
+		 * nothing yet and would only cost quota and a `down --force`.
+		 */
+		struct sbx_error e = *sbx_error_last();
+
+		if (p->ops->terminate(p, s->session, SBX_TERMINATE_FORCE) < 0) {
+			fprintf(stderr, "sbx: could not delete the new sandbox "
+					"%s again: %s; run `sbx gc`\n",
+				s->sandbox_id ? s->sandbox_id : "",
+				sbx_error_last()->msg);
+			sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+		} else {
+			sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+			rc = sbx_error_prefix(rc, "the new sandbox %s was "
+					      "deleted again",
+					      s->sandbox_id ? s->sandbox_id
+							    : "");
+		}
+	}
 	if (recorded) {
 		/* Undo our record, keeping the error being reported. */
 		struct sbx_error saved = *sbx_error_last();
@@ -350,6 +410,7 @@ out:
 	}
 	if (created_mp && rc < 0 && s->mountpoint)
 		rmdir(s->mountpoint);
+	cli_seed_free(seed);
 	sbx_sandbox_info_fini(&info);
 	sbx_provider_free(p);
 	free(mp);
@@ -396,6 +457,7 @@ int cli_session_up(cJSON **status_out, int *exit_out,
 {
 	struct sbx_session s;
 	struct sbx_config_opts copts = {0};
+	struct cli_up_opts eff;
 	cJSON *cfg = NULL;
 	int rc, lock = -1;
 
@@ -410,6 +472,20 @@ int cli_session_up(cJSON **status_out, int *exit_out,
 		*exit_out = CLI_EXIT_CONFIG;
 		goto out;
 	}
+	if ((o->no_repo || o->depth) &&
+	    strcmp(sbx_config_provider(cfg), "local") == 0) {
+		*exit_out = CLI_EXIT_USAGE;
+		rc = sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
+				   "--depth and --no-repo apply to sandboxes "
+				   "elsewhere (remote, kubernetes, modal); a "
+				   "local sandbox is a worktree of the "
+				   "repository");
+		goto out;
+	}
+	/* "ref", "carry_changes", "depth", "no_repo" of the configuration
+	 * (opencode.json's sandbox section) where the caller gave none. */
+	cli_up_repo_opts(&eff, o, cfg);
+	o = &eff;
 	if (o->isolate && strcmp(sbx_config_provider(cfg), "local") != 0) {
 		*exit_out = CLI_EXIT_USAGE;
 		rc = sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
@@ -434,7 +510,17 @@ int cli_session_up(cJSON **status_out, int *exit_out,
 						"mounted at %s; --mount "
 						"ignored\n", o->name,
 					s.mountpoint);
+			if (!s.allow_other && sbx_config_allow_other(cfg))
+				fprintf(stderr, "sbx: session %s is already "
+						"mounted without allow_other; "
+						"run `sbx umount %s` and `sbx "
+						"mount %s --allow-other`\n",
+					o->name, o->name, o->name);
 		} else {
+			/* Sticky: turned off only by `sbx mount
+			 * --no-allow-other`. */
+			s.allow_other = s.allow_other ||
+					sbx_config_allow_other(cfg);
 			rc = remount(&s, o->mount, cfg, lock);
 		}
 	} else if (rc == -ENOENT &&
@@ -449,7 +535,8 @@ int cli_session_up(cJSON **status_out, int *exit_out,
 		*exit_out = CLI_EXIT_OK;
 	}
 out:
-	sbx_state_unlock(lock);
+	/* A failed first `up` leaves no lock file behind. */
+	sbx_state_unlock_forget(lock, o->name);
 	sbx_session_fini(&s);
 	cJSON_Delete(cfg);
 	return rc;
@@ -464,6 +551,7 @@ int cli_cmd_up(int argc, char **argv)
 		{"carry-changes", no_argument, NULL, 'c'},
 		{"mount", required_argument, NULL, 'm'},
 		{"isolate", no_argument, NULL, 'i'},
+		{"allow-other", no_argument, NULL, 'A'},
 		{"config", required_argument, NULL, 'C'},
 		{"json", no_argument, NULL, 'j'},
 		{"url", required_argument, NULL, 'U'},
@@ -473,6 +561,8 @@ int cli_cmd_up(int argc, char **argv)
 		{"namespace", required_argument, NULL, 'N'},
 		{"context", required_argument, NULL, 'X'},
 		{"kubeconfig", required_argument, NULL, 'K'},
+		{"depth", required_argument, NULL, 'D'},
+		{"no-repo", no_argument, NULL, 'n'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -491,6 +581,7 @@ int cli_cmd_up(int argc, char **argv)
 		case 'c': o.carry = true; break;
 		case 'm': o.mount = optarg; break;
 		case 'i': o.isolate = true; break;
+		case 'A': o.allow_other = true; break;
 		case 'C': o.config = optarg; break;
 		case 'j': o.json = true; break;
 		case 'U': o.url = optarg; break;
@@ -500,6 +591,8 @@ int cli_cmd_up(int argc, char **argv)
 		case 'N': o.ns = optarg; break;
 		case 'X': o.context = optarg; break;
 		case 'K': o.kubeconfig = optarg; break;
+		case 'D': o.depth = optarg; break;
+		case 'n': o.no_repo = true; break;
 		default: return cli_common_opt("up", opt);
 		}
 	}
@@ -512,6 +605,19 @@ int cli_cmd_up(int argc, char **argv)
 	}
 	if (o.mount && !*o.mount)
 		return cli_usage("up", "--mount needs a directory");
+	if (o.no_repo && (o.repo || o.ref || o.carry || o.depth))
+		return cli_usage("up", "--no-repo cannot be combined with "
+				       "--repo, --ref, --carry-changes or "
+				       "--depth");
+	if (o.depth) {
+		char *end = NULL;
+		long d = strtol(o.depth, &end, 10);
+
+		if (end == o.depth || *end || d < 1 || d > 1000000000L)
+			return cli_usage("up", "--depth needs a number of "
+					       "commits (1 or more)");
+		uo.depth = (int)d;
+	}
 
 	flags = cJSON_CreateObject();
 	if (o.provider)
@@ -527,6 +633,12 @@ int cli_cmd_up(int argc, char **argv)
 		if (ret != CLI_EXIT_OK)
 			goto out;
 		ret = CLI_EXIT_FAIL;
+	}
+	if (o.allow_other) {
+		cJSON *mount = cJSON_CreateObject();
+
+		sbx_json_set_take(mount, "allow_other", cJSON_CreateBool(1));
+		sbx_json_set_take(flags, "mount", mount);
 	}
 	if (o.isolate) {
 		cJSON *local = cJSON_CreateObject();
@@ -556,6 +668,8 @@ int cli_cmd_up(int argc, char **argv)
 	uo.flags = flags;
 	uo.carry = o.carry;
 	uo.isolate = o.isolate;
+	uo.no_repo = o.no_repo;
+	uo.progress = !o.json && isatty(STDERR_FILENO);
 	rc = cli_session_up(&status, &ret, &uo);
 	if (rc < 0) {
 		if (ret == CLI_EXIT_USAGE)

@@ -18,6 +18,12 @@ const char *fs_session(struct fs *fs);
 const char *fs_mountpoint(struct fs *fs);
 
 /*
+ * Liveness: returns once the inode table lock could be taken (the answer to
+ * a control PING).  Thread-safe.
+ */
+void fs_ping(struct fs *fs);
+
+/*
  * Exec barrier, before a command starts: data written through the mount
  * reaches the sandbox.  Thread-safe; may block on I/O.
  */

@@ -89,6 +89,15 @@ struct fs {
 	} recent[FS_RECENT_ENTRIES];
 
 	struct fs_ctl *ctl;
+
+	/* Lazy-unmount watch (fs.c): ends the loop once no mount is left. */
+	dev_t dev;              /* our mount's device; 0 if unknown */
+	pthread_t main_thread;  /* runs the FUSE loop */
+	pthread_t detach_thread;
+	bool detach_started;
+	int detach_wake[2];     /* readable: the watch thread stops */
+	bool detached;          /* atomic: the mount was detached */
+	bool loop_done;         /* atomic: the FUSE loop has returned */
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;

@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "sbx/ctl.h"
 #include "sbx/json.h"
 #include "sbx/paths.h"
 #include "sbx/state.h"
@@ -232,4 +233,33 @@ cJSON *sbx_status_build(const struct sbx_session *s, bool mounted)
 cJSON *sbx_status_new(const struct sbx_session *s)
 {
 	return sbx_status_build(s, sbx_status_mounted(s));
+}
+
+void sbx_status_probe(cJSON *st, const struct sbx_session *s, int timeout_ms)
+{
+	cJSON *e;
+	char *msg;
+	int rc;
+
+	if (!sbx_json_bool(st, "mounted", false) || !s->control_socket)
+		return;
+	rc = sbx_ctl_ping(s->control_socket, timeout_ms);
+	sbx_error_clear();
+	if (rc != -ETIMEDOUT)
+		return; /* it answered, or it is gone (not our question) */
+	msg = sbx_xasprintf("the daemon (pid %d) of session %s does not "
+			    "answer (no reply on its control socket within "
+			    "%d ms): it is stopped or stuck; recover with "
+			    "`sbx umount --force %s` then `sbx mount %s`",
+			    (int)s->pid, s->session, timeout_ms, s->session,
+			    s->session);
+	sbx_json_set_str(st, "state", "error");
+	cJSON_DeleteItemFromObject(st, "error");
+	e = cJSON_CreateObject();
+	if (!e)
+		abort();
+	sbx_json_set_str(e, "type", SBX_STATUS_FILE_ERROR);
+	sbx_json_set_str(e, "message", msg);
+	sbx_json_set_take(st, "error", e);
+	free(msg);
 }

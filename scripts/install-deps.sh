@@ -17,6 +17,15 @@ PACKAGES=(
 	bindfs sshfs hyperfine
 )
 
+# tests: the kubectl cross-check of the fake Kubernetes API server
+# (tests/integration/test_kubefake.py; under CI=true a missing kubectl
+# fails it).  Debian 12's kubectl is kubernetes-client (1.20).  Another
+# kubectl already installed (a cloud SDK's) is used instead: both packages
+# ship /usr/bin/kubectl.
+if ! command -v kubectl >/dev/null 2>&1; then
+	PACKAGES+=(kubernetes-client)
+fi
+
 if [ "$(id -u)" -ne 0 ]; then
 	echo "install-deps: run as root (sudo $0)" >&2
 	exit 1

@@ -39,6 +39,12 @@ struct sbx_session;
 #define SBX_STATUS_EXEC_ERROR "ExecError"
 #define SBX_STATUS_FILE_ERROR "FileError"
 #define SBX_STATUS_CONFIG_ERROR "ConfigError"
+/* The provider reports the sandbox failed (crashed, evicted, expired). */
+#define SBX_STATUS_SANDBOX_ERROR "SandboxError"
+/* The provider could not be asked (API server down, credentials...). */
+#define SBX_STATUS_UNAVAILABLE_ERROR "UnavailableError"
+/* "state" when the provider could not be asked: not known to be ready. */
+#define SBX_STATUS_STATE_UNKNOWN "unknown"
 
 /*
  * The error type for an error of class `klass` (enum sbx_error_class):
@@ -83,5 +89,21 @@ struct cJSON *sbx_status_build(const struct sbx_session *s, bool mounted);
 
 /* Build the status object, computing `mounted` with sbx_status_mounted(). */
 struct cJSON *sbx_status_new(const struct sbx_session *s);
+
+/*
+ * How long `sbx status` waits for a mounted session's daemon to answer a
+ * PING on its control socket (sbx_ctl_ping()).
+ */
+#define SBX_STATUS_PING_MS 3000
+
+/*
+ * For a status object `st` of session `s` that says mounted: ask the
+ * daemon whether it answers (at most `timeout_ms`).  When it does not (it
+ * is stopped, or stuck), set "state" to "error" and "error" to a
+ * FileError saying so and how to recover.  Blocks up to timeout_ms;
+ * changes nothing for a daemon that answers or is not running.
+ */
+void sbx_status_probe(struct cJSON *st, const struct sbx_session *s,
+		      int timeout_ms);
 
 #endif

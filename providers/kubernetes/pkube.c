@@ -7,11 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #include <cjson/cJSON.h>
 
@@ -22,6 +20,7 @@
 #include "sbx/xmalloc.h"
 
 #include "kubeconfig.h"
+#include "pcommon.h"
 #include "pkube.h"
 #include "../remote/premote_i.h"
 
@@ -29,6 +28,9 @@
 #define LABEL_SESSION "sbx.dev/session"
 #define LABEL_HOME "sbx.dev/home"
 #define MAIN_CONTAINER "sandbox"
+#define INSTALL_CONTAINER "sbx-agent-install"
+#define START_LOG_LINES 20
+#define SSAR_PATH "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 #define TOKEN_ENV "SBX_AGENT_TOKEN"
 #define AGENT_DIR "/sbx"
 #define DEFAULT_IMAGE "debian:bookworm-slim"
@@ -53,105 +55,57 @@ struct kcfg {
 	const char *service_account, *runtime_class;
 };
 
+#define SECTION "kubernetes"
+
 static int bad_key(const char *key, const char *want)
 {
-	return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-			     "configuration \"kubernetes\": \"%s\" must be %s",
-			     key, want);
-}
-
-static int opt_str(const cJSON *sec, const char *key, const char **out,
-		   const char *dflt)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(sec, key);
-
-	*out = dflt;
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (!cJSON_IsString(v) || !*v->valuestring)
-		return bad_key(key, "a non-empty string");
-	*out = v->valuestring;
-	return 0;
-}
-
-static int opt_long(const cJSON *sec, const char *key, long *out, long dflt,
-		    long min, long max)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(sec, key);
-
-	*out = dflt;
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (!cJSON_IsNumber(v) || v->valuedouble < (double)min ||
-	    v->valuedouble > (double)max ||
-	    v->valuedouble != (double)(long)v->valuedouble)
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "configuration \"kubernetes\": \"%s\" "
-				     "must be a whole number from %ld to %ld",
-				     key, min, max);
-	*out = (long)v->valuedouble;
-	return 0;
-}
-
-static int opt_json(const cJSON *sec, const char *key, const cJSON **out,
-		    bool array)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(sec, key);
-
-	*out = NULL;
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (array ? !cJSON_IsArray(v) : !cJSON_IsObject(v))
-		return bad_key(key, array ? "a list" : "an object");
-	*out = v;
-	return 0;
+	return pcommon_cfg_bad(SECTION, key, want);
 }
 
 static int kcfg_parse(struct kcfg *c, const cJSON *sec)
 {
-	const cJSON *v;
 	int rc;
 
 	memset(c, 0, sizeof(*c));
-	if (sec && !cJSON_IsObject(sec))
-		return bad_key("kubernetes", "an object");
-	if ((rc = opt_str(sec, "kubeconfig", &c->kubeconfig, NULL)) < 0 ||
-	    (rc = opt_str(sec, "context", &c->context, NULL)) < 0 ||
-	    (rc = opt_str(sec, "namespace", &c->ns, NULL)) < 0 ||
-	    (rc = opt_str(sec, "image", &c->image, DEFAULT_IMAGE)) < 0 ||
-	    (rc = opt_str(sec, "agent_image", &c->agent_image,
-			  DEFAULT_AGENT_IMAGE)) < 0 ||
-	    (rc = opt_str(sec, "workdir", &c->workdir, DEFAULT_WORKDIR)) < 0 ||
-	    (rc = opt_str(sec, "service_account", &c->service_account,
-			  NULL)) < 0 ||
-	    (rc = opt_str(sec, "runtime_class", &c->runtime_class, NULL)) < 0 ||
-	    (rc = opt_long(sec, "port", &c->port, DEFAULT_PORT, 1, 65535)) < 0 ||
-	    (rc = opt_long(sec, "ttl", &c->ttl_s, DEFAULT_TTL_S, 60,
-			   366L * 86400)) < 0 ||
-	    (rc = opt_long(sec, "ready_timeout", &c->ready_timeout_s,
-			   DEFAULT_READY_TIMEOUT_S, 1, 3600)) < 0 ||
-	    (rc = opt_long(sec, "timeout", &c->timeout_s,
-			   PREMOTE_DEFAULT_TIMEOUT_S, 1, 86400)) < 0 ||
-	    (rc = opt_json(sec, "resources", &c->resources, false)) < 0 ||
-	    (rc = opt_json(sec, "env", &c->env, false)) < 0 ||
-	    (rc = opt_json(sec, "node_selector", &c->node_selector, false)) < 0 ||
-	    (rc = opt_json(sec, "tolerations", &c->tolerations, true)) < 0 ||
-	    (rc = opt_json(sec, "image_pull_secrets", &c->pull_secrets,
-			   true)) < 0)
+	if ((rc = pcommon_cfg_object(SECTION, sec)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "kubeconfig", &c->kubeconfig,
+				  NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "context", &c->context,
+				  NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "namespace", &c->ns, NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "image", &c->image,
+				  DEFAULT_IMAGE)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "agent_image", &c->agent_image,
+				  DEFAULT_AGENT_IMAGE)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "workdir", &c->workdir,
+				  DEFAULT_WORKDIR)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "service_account",
+				  &c->service_account, NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "runtime_class",
+				  &c->runtime_class, NULL)) < 0 ||
+	    (rc = pcommon_cfg_long(SECTION, sec, "port", &c->port, DEFAULT_PORT,
+				   1, 65535)) < 0 ||
+	    (rc = pcommon_cfg_long(SECTION, sec, "ttl", &c->ttl_s,
+				   DEFAULT_TTL_S, 60, 366L * 86400)) < 0 ||
+	    (rc = pcommon_cfg_long(SECTION, sec, "ready_timeout",
+				   &c->ready_timeout_s, DEFAULT_READY_TIMEOUT_S,
+				   1, 3600)) < 0 ||
+	    (rc = pcommon_cfg_long(SECTION, sec, "timeout", &c->timeout_s,
+				   PREMOTE_DEFAULT_TIMEOUT_S, 1, 86400)) < 0 ||
+	    (rc = pcommon_cfg_json(SECTION, sec, "resources", &c->resources,
+				   false)) < 0 ||
+	    (rc = pcommon_cfg_env(SECTION, sec, "env", &c->env)) < 0 ||
+	    (rc = pcommon_cfg_json(SECTION, sec, "node_selector",
+				   &c->node_selector, false)) < 0 ||
+	    (rc = pcommon_cfg_json(SECTION, sec, "tolerations", &c->tolerations,
+				   true)) < 0 ||
+	    (rc = pcommon_cfg_strings(SECTION, sec, "image_pull_secrets",
+				      &c->pull_secrets)) < 0 ||
+	    (rc = pcommon_cfg_bool(SECTION, sec, "workdir_volume",
+				   &c->workdir_volume, true)) < 0)
 		return rc;
 	if (c->workdir[0] != '/')
 		return bad_key("workdir", "an absolute path");
-	c->workdir_volume = sbx_json_bool(sec, "workdir_volume", true);
-	v = cJSON_GetObjectItemCaseSensitive(sec, "workdir_volume");
-	if (v && !cJSON_IsBool(v))
-		return bad_key("workdir_volume", "true or false");
-	if (c->env)
-		cJSON_ArrayForEach(v, c->env) if (!cJSON_IsString(v))
-			return bad_key("env", "an object of strings");
-	if (c->pull_secrets)
-		cJSON_ArrayForEach(v, c->pull_secrets) if (!cJSON_IsString(v))
-			return bad_key("image_pull_secrets",
-				       "a list of secret names");
 	return 0;
 }
 
@@ -174,6 +128,7 @@ struct kube {
 	struct kauth ka;            /* over kc */
 	struct premote_auth auth;   /* over ka; borrowed by h */
 	struct premote_http *h;     /* base: the API server */
+	char *kubeconfig;           /* the explicit file, or NULL */
 	char *ns;
 	char *context;
 };
@@ -279,16 +234,19 @@ static void kube_close(struct kube *k)
 	premote_http_free(k->h);
 	kauth_fini(&k->ka);
 	sbx_kube_config_free(k->kc);
+	free(k->kubeconfig);
 	free(k->ns);
 	free(k->context);
 	memset(k, 0, sizeof(*k));
 }
 
+/* Pinned kubeconfig/context/namespace (or NULL) override the section. */
 static int load_kc(struct sbx_kube_config **out, const struct kcfg *c,
-		   const char *context, const char *ns)
+		   const char *kubeconfig, const char *context,
+		   const char *ns)
 {
 	struct sbx_kube_load_opts o = {
-		.kubeconfig = c->kubeconfig,
+		.kubeconfig = kubeconfig ? kubeconfig : c->kubeconfig,
 		.context = context ? context : c->context,
 		.namespace_override = ns ? ns : c->ns,
 	};
@@ -296,15 +254,16 @@ static int load_kc(struct sbx_kube_config **out, const struct kcfg *c,
 	return sbx_kube_config_load(out, &o);
 }
 
-/* Connect to the cluster (context/namespace: pinned values or NULL). */
+/* Connect to the cluster (kubeconfig/context/namespace: pinned or NULL). */
 static int kube_open(struct kube *k, const struct kcfg *c,
-		     const char *context, const char *ns)
+		     const char *kubeconfig, const char *context,
+		     const char *ns)
 {
 	struct premote_config pc;
 	int rc;
 
 	memset(k, 0, sizeof(*k));
-	rc = load_kc(&k->kc, c, context, ns);
+	rc = load_kc(&k->kc, c, kubeconfig, context, ns);
 	if (rc < 0)
 		return rc;
 	rc = kauth_init(&k->ka, k->kc, false);
@@ -320,11 +279,16 @@ static int kube_open(struct kube *k, const struct kcfg *c,
 	k->auth.get = auth_get;
 	k->auth.ctx = &k->ka;
 	pc.auth = &k->auth;
+	/* Failures name the hop: the API server, never "the agent". */
+	pc.peer = sbx_xasprintf("the Kubernetes API server at %s", k->ka.url);
 	rc = premote_http_new(&k->h, &pc, NULL);
+	free(pc.peer);
 	if (rc < 0) {
 		kube_close(k);
 		return rc;
 	}
+	k->kubeconfig = kubeconfig ? sbx_xstrdup(kubeconfig)
+		       : c->kubeconfig ? sbx_xstrdup(c->kubeconfig) : NULL;
 	k->ns = sbx_xstrdup(sbx_kube_namespace(k->kc));
 	k->context = sbx_xstrdup(sbx_kube_context_name(k->kc));
 	return 0;
@@ -465,6 +429,14 @@ static char *pod_path(const struct kube *k, const char *pod)
 	return sbx_xasprintf("/api/v1/namespaces/%s/pods/%s", k->ns, pod);
 }
 
+/* The agent's health route through the pod proxy, for the API client. */
+static char *proxy_health_route(const struct kube *k, const char *pod,
+				long port)
+{
+	return sbx_xasprintf("/api/v1/namespaces/%s/pods/%s:%ld/proxy/v1/"
+			     "health", k->ns, pod, port);
+}
+
 static char *pod_what(const struct kube *k, const char *pod)
 {
 	return sbx_xasprintf("pod %s in namespace %s (context %s)", pod, k->ns,
@@ -483,32 +455,10 @@ static int get_pod(struct kube *k, const char *pod, cJSON **out)
 
 /* ---- identity: labels, names, the pinned state ----------------------------- */
 
-/* FNV-1a, as hex: short stable ids for labels and names. */
-static void hash_hex(char out[17], const char *a, const char *b)
-{
-	unsigned long long h = 1469598103934665603ULL;
-
-	for (const char *p = a; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	h = (h ^ 0) * 1099511628211ULL;
-	for (const char *p = b ? b : ""; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	snprintf(out, 17, "%016llx", h);
-}
-
 /* The label of pods made from this $SBX_HOME (sbx gc's scope). */
 static int home_label(char out[17])
 {
-	char *home = NULL;
-	char host[256] = "";
-	int rc = sbx_paths_home(&home);
-
-	if (rc < 0)
-		return rc;
-	gethostname(host, sizeof(host) - 1);
-	hash_hex(out, host, home);
-	free(home);
-	return 0;
+	return pcommon_home_id(out);
 }
 
 /* A label value: [A-Za-z0-9._-], at most 63, alphanumeric at both ends. */
@@ -543,102 +493,93 @@ static char *pod_name(const char *session, const char *home)
 	while (n && base[n - 1] == '-')
 		n--;
 	base[n] = '\0';
-	hash_hex(h, home, session);
+	pcommon_hash_hex(h, home, session);
 	h[8] = '\0';
 	return sbx_xasprintf("sbx-%s%s%s", base, n ? "-" : "", h);
 }
 
-/* Where this provider pins a session: $SBX_HOME/kubernetes/<s>.json. */
-static int pin_path(char **out, const char *session)
-{
-	return sbx_paths_session_file(out, "kubernetes", session, ".json");
-}
-
+/*
+ * The pin of a session ($SBX_HOME/kubernetes/<s>.json, pcommon.h): the
+ * kubeconfig, context, namespace and pod chosen at creation.
+ */
 struct pin {
-	char *context, *ns, *pod;
+	char *kubeconfig, *context, *ns, *pod;
 	long port;
 };
 
 static void pin_fini(struct pin *p)
 {
+	free(p->kubeconfig);
 	free(p->context);
 	free(p->ns);
 	free(p->pod);
 	memset(p, 0, sizeof(*p));
 }
 
+static char *dup_or_null(const char *s)
+{
+	return s ? sbx_xstrdup(s) : NULL;
+}
+
+/* Decode a pin; -EINVAL without pod or namespace. */
+static int pin_from_json(struct pin *p, const cJSON *j, const char *session)
+{
+	const char *n = sbx_json_str(j, "namespace");
+	const char *pod = sbx_json_str(j, "pod");
+	const cJSON *port = cJSON_GetObjectItemCaseSensitive(j, "port");
+
+	memset(p, 0, sizeof(*p));
+	if (!pod || !n)
+		return sbx_error_set(SBX_ERR_JSON, -EINVAL,
+				     "the pin of session %s has no \"pod\"/"
+				     "\"namespace\"; remove $SBX_HOME/"
+				     "kubernetes/%s.json to find the pod by its "
+				     "labels", session, session);
+	p->kubeconfig = dup_or_null(sbx_json_str(j, "kubeconfig"));
+	p->context = dup_or_null(sbx_json_str(j, "context"));
+	p->ns = sbx_xstrdup(n);
+	p->pod = sbx_xstrdup(pod);
+	p->port = cJSON_IsNumber(port) ? (long)port->valuedouble : DEFAULT_PORT;
+	return 0;
+}
+
 /* Read the pin; 0 with p->pod NULL when there is none. */
 static int pin_load(struct pin *p, const char *session)
 {
-	char *path = NULL;
 	cJSON *j = NULL;
 	int rc;
 
 	memset(p, 0, sizeof(*p));
-	rc = pin_path(&path, session);
-	if (rc < 0)
-		return rc;
-	rc = sbx_json_parse_file(&j, path, 1 << 20);
-	if (rc == -ENOENT) {
-		sbx_error_clear();
-		rc = 0;
-	} else if (rc == 0) {
-		const char *c = sbx_json_str(j, "context");
-		const char *n = sbx_json_str(j, "namespace");
-		const char *pod = sbx_json_str(j, "pod");
-		const cJSON *port = cJSON_GetObjectItemCaseSensitive(j, "port");
-
-		if (!pod || !n)
-			rc = sbx_error_set(SBX_ERR_JSON, -EINVAL,
-					   "%s: no \"pod\"/\"namespace\"; "
-					   "remove the file to find the pod "
-					   "by its labels", path);
-		else {
-			p->context = c ? sbx_xstrdup(c) : NULL;
-			p->ns = sbx_xstrdup(n);
-			p->pod = sbx_xstrdup(pod);
-			p->port = cJSON_IsNumber(port) ? (long)port->valuedouble
-						       : DEFAULT_PORT;
-		}
-	}
+	rc = pcommon_pin_load(&j, SECTION, session);
+	if (rc == 0 && j)
+		rc = pin_from_json(p, j, session);
 	cJSON_Delete(j);
-	free(path);
 	return rc;
 }
 
 static int pin_save(const char *session, const struct kube *k,
-		    const char *pod, long port)
+		    const char *kubeconfig, const char *pod, long port)
 {
 	cJSON *j = cJSON_CreateObject();
-	char *path = NULL, *text;
 	int rc;
 
 	if (!j)
 		abort();
+	if (kubeconfig)
+		sbx_json_set_str(j, "kubeconfig", kubeconfig);
 	sbx_json_set_str(j, "context", k->context);
 	sbx_json_set_str(j, "namespace", k->ns);
 	sbx_json_set_str(j, "server", sbx_kube_server(k->kc));
 	sbx_json_set_str(j, "pod", pod);
 	cJSON_AddNumberToObject(j, "port", (double)port);
-	text = sbx_json_print(j, true);
+	rc = pcommon_pin_save(SECTION, session, j);
 	cJSON_Delete(j);
-	rc = pin_path(&path, session);
-	if (rc == 0)
-		rc = sbx_file_write_atomic(path, text, strlen(text), 0600);
-	free(text);
-	free(path);
 	return rc;
 }
 
 static void pin_remove(const char *session)
 {
-	char *path = NULL;
-
-	if (pin_path(&path, session) == 0 && unlink(path) < 0 &&
-	    errno != ENOENT)
-		sbx_warn("could not remove %s: %s", path, strerror(errno));
-	sbx_error_clear();
-	free(path);
+	pcommon_pin_remove(SECTION, session);
 }
 
 /* ---- the provider ------------------------------------------------------------ */
@@ -669,7 +610,7 @@ static int session_open(struct pkube_provider *kp, const char *session,
 	rc = pin_load(&pin, session);
 	if (rc < 0)
 		return rc;
-	rc = kube_open(k, &kp->cfg, pin.context, pin.ns);
+	rc = kube_open(k, &kp->cfg, pin.kubeconfig, pin.context, pin.ns);
 	if (rc < 0 || pin.pod) {
 		if (rc == 0) {
 			*pod_out = pin.pod;
@@ -846,7 +787,7 @@ static cJSON *pod_manifest(const struct kcfg *c, const char *name,
 	/* The agent bundle, copied from its image into the shared volume. */
 	init = arr_add(spec, "initContainers");
 	ic = cJSON_CreateObject();
-	sbx_json_set_str(ic, "name", "sbx-agent-install");
+	sbx_json_set_str(ic, "name", INSTALL_CONTAINER);
 	sbx_json_set_str(ic, "image", c->agent_image);
 	cJSON_AddItemToObject(ic, "command", str_array(install));
 	mount_add(arr_add(ic, "volumeMounts"), "sbx-agent", AGENT_DIR, false);
@@ -1065,6 +1006,43 @@ static enum verdict pod_verdict(const cJSON *pod, char *stage, size_t ns,
 	return V_WAIT;
 }
 
+/*
+ * One word for why a failed pod failed, for `sbx status`: the pod's own
+ * reason (Evicted, DeadlineExceeded), else its container's (Error,
+ * OOMKilled, ErrImagePull, ...), else Unschedulable / Terminating / the
+ * phase.
+ */
+static const char *pod_reason(const cJSON *pod)
+{
+	const cJSON *st = jget(pod, "status"), *cs;
+	const char *r = sbx_json_str(st, "reason");
+	const char *cst = NULL, *creason = NULL, *cmsg = NULL;
+	const char *lists[] = {"initContainerStatuses", "containerStatuses"};
+
+	if (jget(jget(pod, "metadata"), "deletionTimestamp"))
+		return "Terminating";
+	if (r)
+		return r;
+	for (int i = 0; i < 2; i++)
+		cJSON_ArrayForEach(cs, jget(st, lists[i])) {
+			const cJSON *s = jget(cs, "state");
+			const char *w = sbx_json_str(jget(s, "waiting"),
+						     "reason");
+			const cJSON *t = jget(s, "terminated");
+
+			if (w && fatal_waiting(w))
+				return w;
+			if (t && cJSON_GetNumberValue(jget(t, "exitCode")) &&
+			    sbx_json_str(t, "reason"))
+				return sbx_json_str(t, "reason");
+		}
+	if (condition(st, "PodScheduled", &cst, &creason, &cmsg) && creason &&
+	    !strcmp(creason, "Unschedulable"))
+		return "Unschedulable";
+	return sbx_json_str(st, "phase") ? sbx_json_str(st, "phase")
+					 : "Failed";
+}
+
 /* Progress lines on a terminal only. */
 static void progress(const char *pod, const char *stage)
 {
@@ -1125,11 +1103,11 @@ static int watch_line(struct watch_ctx *w, const char *s, size_t n)
 			w->expired = true; /* relist and watch again */
 			rc = 1;
 		} else {
-			rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
-					   "watch of pod %s: %s", w->pod,
-					   sbx_json_str(obj, "message")
-						   ? sbx_json_str(obj, "message")
-						   : "error event");
+			rc = sbx_error_setd(SBX_ERR_REMOTE, -EIO, (long)code,
+					    "watch of pod %s: %s", w->pod,
+					    sbx_json_str(obj, "message")
+						    ? sbx_json_str(obj, "message")
+						    : "error event");
 		}
 	} else if (!strcmp(type, "BOOKMARK")) {
 		const char *rv = sbx_json_str(jget(obj, "metadata"),
@@ -1179,12 +1157,38 @@ static int watch_data(const char *buf, size_t len, void *payload)
  * with want_gone, deleted; at most `timeout_s`.  Returns the verdict (>= 0)
  * or a negative errno.
  */
+/*
+ * A failure worth trying again while there is time: the API server (or a
+ * load balancer in front of it) answered 5xx, or the connection failed,
+ * was reset or timed out.  One bad answer must not abort a create that
+ * is otherwise going well.
+ */
+static bool transient(int rc)
+{
+	const struct sbx_error *e = sbx_error_last();
+
+	if (e->klass == SBX_ERR_HTTP)
+		return rc == -ECONNRESET || rc == -ECONNREFUSED ||
+		       rc == -EHOSTUNREACH || rc == -ETIMEDOUT || rc == -EIO;
+	return e->klass == SBX_ERR_REMOTE && e->detail >= 500 &&
+	       e->detail <= 599;
+}
+
+/*
+ * Follow pod `pod` with the watch API until it is ready (or failed), or,
+ * with want_gone, deleted; at most `timeout_s`.  Transient failures of
+ * the watch or of the GET (5xx, connection reset) are retried with a
+ * backoff of 0.25 s doubling to 4 s while the time lasts.  Returns the
+ * verdict (>= 0) or a negative errno.
+ */
 static int watch_pod(struct kube *k, const char *pod, bool want_gone,
 		     long timeout_s, struct watch_ctx *w)
 {
 	time_t deadline = time(NULL) + timeout_s;
 	char *path = pods_path(k), *sel = sbx_xasprintf("metadata.name=%s", pod);
-	int rc = 0;
+	char last_err[sizeof(sbx_error_last()->msg)] = "";
+	long backoff_ms = 250;
+	int rc = 0, retries = 0;
 
 	memset(w, 0, sizeof(*w));
 	sbx_buf_init(&w->line, 4u << 20);
@@ -1214,39 +1218,57 @@ static int watch_pod(struct kube *k, const char *pod, bool want_gone,
 				rc = 0;
 				break;
 			}
-			if (rc < 0)
-				break;
-			rc = watch_object(w, cur, false);
-			cJSON_Delete(cur);
-			if (rc)
-				break;
-		}
-		sbx_buf_init(&q, PREMOTE_QUERY_CAP);
-		premote_q_str(&q, "watch", "true");
-		premote_q_str(&q, "fieldSelector", sel);
-		premote_q_str(&q, "resourceVersion", w->rv);
-		premote_q_str(&q, "allowWatchBookmarks", "true");
-		premote_q_u64(&q, "timeoutSeconds", (uint64_t)chunk);
-		r.query = sbx_buf_ptr(&q);
-		r.timeout_ms = (chunk + 15) * 1000;
-		premote_resp_init(&resp);
-		sbx_buf_reset(&w->line);
-		rc = premote_http_do(k->h, &r, &resp);
-		sbx_buf_fini(&q);
-		if (rc == 0 && (resp.status < 200 || resp.status >= 300)) {
-			cJSON *j = cJSON_ParseWithLength(sbx_buf_ptr(&resp.body),
-							 sbx_buf_len(&resp.body));
-			char *what = pod_what(k, pod);
-
-			if (resp.status == 410) {
-				w->expired = true;
-			} else {
-				rc = status_error(k, resp.status, j, what);
+			if (rc == 0) {
+				rc = watch_object(w, cur, false);
+				cJSON_Delete(cur);
+				if (rc)
+					break;
 			}
-			free(what);
-			cJSON_Delete(j);
 		}
-		premote_resp_fini(&resp);
+		if (rc == 0) {
+			sbx_buf_init(&q, PREMOTE_QUERY_CAP);
+			premote_q_str(&q, "watch", "true");
+			premote_q_str(&q, "fieldSelector", sel);
+			premote_q_str(&q, "resourceVersion", w->rv);
+			premote_q_str(&q, "allowWatchBookmarks", "true");
+			premote_q_u64(&q, "timeoutSeconds", (uint64_t)chunk);
+			r.query = sbx_buf_ptr(&q);
+			r.timeout_ms = (chunk + 15) * 1000;
+			premote_resp_init(&resp);
+			sbx_buf_reset(&w->line);
+			rc = premote_http_do(k->h, &r, &resp);
+			sbx_buf_fini(&q);
+			if (rc == 0 && (resp.status < 200 || resp.status >= 300)) {
+				cJSON *j = cJSON_ParseWithLength(
+					sbx_buf_ptr(&resp.body),
+					sbx_buf_len(&resp.body));
+				char *what = pod_what(k, pod);
+
+				if (resp.status == 410)
+					w->expired = true;
+				else
+					rc = status_error(k, resp.status, j,
+							  what);
+				free(what);
+				cJSON_Delete(j);
+			}
+			premote_resp_fini(&resp);
+		}
+		if (rc < 0 && transient(rc) && time(NULL) < deadline) {
+			/* Relist after the pause: events may have been lost. */
+			snprintf(last_err, sizeof(last_err), "%s",
+				 sbx_error_last()->msg);
+			sbx_debug("pod %s: %s; retrying in %ld ms", pod, last_err,
+				  backoff_ms);
+			sbx_error_clear();
+			progress(pod, "the API server failed; retrying");
+			usleep((useconds_t)backoff_ms * 1000);
+			backoff_ms = backoff_ms * 2 > 4000 ? 4000 : backoff_ms * 2;
+			w->rv[0] = '\0';
+			retries++;
+			rc = 0;
+			continue;
+		}
 		if (rc < 0)
 			break;
 		if (rc > 0 && !w->expired) {
@@ -1254,6 +1276,7 @@ static int watch_pod(struct kube *k, const char *pod, bool want_gone,
 			break; /* decided */
 		}
 		rc = 0; /* the watch timed out or expired: go on */
+		backoff_ms = 250;
 	}
 	progress_end();
 	sbx_buf_fini(&w->line);
@@ -1264,9 +1287,14 @@ static int watch_pod(struct kube *k, const char *pod, bool want_gone,
 	if (w->v == V_WAIT || (want_gone && w->v != V_GONE))
 		return sbx_error_set(SBX_ERR_REMOTE, -ETIMEDOUT,
 				     "pod %s in namespace %s: %s after %ld s "
-				     "(last state: %s)", pod, k->ns,
+				     "(last state: %s%s%s)", pod, k->ns,
 				     want_gone ? "still there" : "not ready",
-				     timeout_s, w->stage);
+				     timeout_s, w->stage,
+				     *last_err ? "; last API error: " : "",
+				     last_err);
+	if (retries)
+		sbx_debug("pod %s: decided after %d retried API failures", pod,
+			  retries);
 	return (int)w->v;
 }
 
@@ -1314,7 +1342,7 @@ static void fill_info(struct sbx_sandbox_info *out, const char *session,
 					 sbx_json_str(jget(obj, "spec"),
 						      "nodeName"));
 		if (v == V_FAILED)
-			sbx_json_set_str(out->extra, "error", why);
+			pcommon_info_failed(out, pod_reason(obj), false, why);
 		else
 			sbx_json_set_str(out->extra, "stage", stage);
 	} else {
@@ -1324,19 +1352,14 @@ static void fill_info(struct sbx_sandbox_info *out, const char *session,
 					"bring a snapshot back into a new "
 					"session", pod, k->ns, session);
 
-		sbx_json_set_str(out->extra, "error", m);
+		pcommon_info_failed(out, "NotFound", true, m);
 		free(m);
 	}
 }
 
 static void random_token(char out[65])
 {
-	unsigned char r[32];
-
-	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
-		abort(); /* the kernel's CSPRNG does not fail for 32 bytes */
-	for (size_t i = 0; i < sizeof(r); i++)
-		snprintf(out + 2 * i, 3, "%02x", r[i]);
+	pcommon_random_hex(out, 32);
 }
 
 static int delete_pod(struct kube *k, const char *pod, bool wait)
@@ -1364,6 +1387,223 @@ static int delete_pod(struct kube *k, const char *pod, bool wait)
 	return rc < 0 ? rc : 0;
 }
 
+/*
+ * The last `lines` lines of a container's log (GET .../pods/P/log), or
+ * NULL when there are none or they cannot be had (a container that never
+ * started answers 400; pods/log may not be granted).  Never fails.
+ */
+static char *pod_log_tail(struct kube *k, const char *pod,
+			  const char *container, int lines)
+{
+	char *pp = pod_path(k, pod), *route = sbx_xasprintf("%s/log", pp);
+	struct premote_req r = {
+		.method = "GET", .cancel_fd = -1, .any_status = true,
+		.idempotent = true, .max_body = 64u << 10,
+	};
+	struct premote_resp resp;
+	struct sbx_buf q;
+	char *text = NULL;
+	int rc;
+
+	free(pp);
+	sbx_buf_init(&q, PREMOTE_QUERY_CAP);
+	premote_q_str(&q, "container", container);
+	premote_q_u64(&q, "tailLines", (uint64_t)lines);
+	r.route = route;
+	r.query = sbx_buf_ptr(&q);
+	premote_resp_init(&resp);
+	rc = premote_http_do(k->h, &r, &resp);
+	if (rc == 0 && resp.status >= 200 && resp.status < 300 &&
+	    sbx_buf_len(&resp.body))
+		text = sbx_xstrndup(sbx_buf_ptr(&resp.body),
+				    sbx_buf_len(&resp.body));
+	else
+		sbx_debug("no log of container %s of pod %s (HTTP %ld)",
+			  container, pod, resp.status);
+	sbx_error_clear();
+	premote_resp_fini(&resp);
+	sbx_buf_fini(&q);
+	free(route);
+	return text;
+}
+
+/*
+ * A pod that failed to start is about to be deleted, and its logs with
+ * it: show the last lines of the container that failed (the agent, else
+ * the agent installer), so `kubectl logs` is not needed -- and not too
+ * late.  The termination message is already in the error.
+ */
+static void report_start_logs(struct kube *k, const char *pod)
+{
+	static const char *const which[] = {MAIN_CONTAINER, INSTALL_CONTAINER,
+					    NULL};
+
+	for (int i = 0; which[i]; i++) {
+		char *text = pod_log_tail(k, pod, which[i], START_LOG_LINES);
+
+		if (text) {
+			char *what = sbx_xasprintf("container %s of pod %s",
+						   which[i], pod);
+
+			pcommon_report_log_tail(what, text, START_LOG_LINES);
+			free(what);
+			free(text);
+			return;
+		}
+	}
+}
+
+/* One SelfSubjectAccessReview: 1 allowed, 0 denied, < 0 cannot tell. */
+static int can_i(struct kube *k, const char *verb, const char *resource,
+		 const char *subresource)
+{
+	cJSON *b = cJSON_CreateObject(), *spec, *ra, *ans = NULL;
+	int rc;
+
+	if (!b)
+		abort();
+	sbx_json_set_str(b, "apiVersion", "authorization.k8s.io/v1");
+	sbx_json_set_str(b, "kind", "SelfSubjectAccessReview");
+	spec = obj_add(b, "spec");
+	ra = obj_add(spec, "resourceAttributes");
+	sbx_json_set_str(ra, "namespace", k->ns);
+	sbx_json_set_str(ra, "verb", verb);
+	sbx_json_set_str(ra, "group", "");
+	sbx_json_set_str(ra, "resource", resource);
+	if (subresource)
+		sbx_json_set_str(ra, "subresource", subresource);
+	rc = kube_call(k, "POST", SSAR_PATH, NULL, b, "access review", &ans);
+	cJSON_Delete(b);
+	if (rc == 0)
+		rc = cJSON_IsTrue(jget(jget(ans, "status"), "allowed")) ? 1 : 0;
+	cJSON_Delete(ans);
+	return rc;
+}
+
+/*
+ * Before creating anything: may this user do what a session needs (pods
+ * create/get/watch/delete, pods/proxy get/create/update) in this
+ * namespace?  One SelfSubjectAccessReview each.  A cluster that does not
+ * let us ask (403/404 on the review itself) is not checked; the first
+ * real request then says what is missing.  -EACCES (CONFIG) naming every
+ * missing verb.
+ */
+static int access_check(struct kube *k)
+{
+	static const struct {
+		const char *verb, *res, *sub, *why;
+	} need[] = {
+		{"create", "pods", NULL, "create the pod"},
+		{"get", "pods", NULL, "read its state"},
+		{"watch", "pods", NULL, "wait until it is ready"},
+		{"delete", "pods", NULL, "delete it (sbx down)"},
+		{"get", "pods", "proxy", "reach its agent"},
+		{"create", "pods", "proxy", "change files, run commands"},
+		{"update", "pods", "proxy", "write files"},
+	};
+	char missing[512] = "";
+	size_t o = 0;
+	int rc;
+
+	for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+		rc = can_i(k, need[i].verb, need[i].res, need[i].sub);
+		if (rc < 0) {
+			const struct sbx_error *e = sbx_error_last();
+
+			if (e->detail == 403 || e->detail == 404) {
+				sbx_debug("cannot review access (%s): not "
+					  "checked", e->msg);
+				sbx_error_clear();
+				return 0;
+			}
+			return rc;
+		}
+		if (rc == 0) {
+			int n = snprintf(missing + o, sizeof(missing) - o,
+					 "%s%s %s%s%s (to %s)", o ? ", " : "",
+					 need[i].verb, need[i].res,
+					 need[i].sub ? "/" : "",
+					 need[i].sub ? need[i].sub : "",
+					 need[i].why);
+
+			if (n > 0 && (size_t)n < sizeof(missing) - o)
+				o += (size_t)n;
+		}
+	}
+	if (!o)
+		return 0;
+	return sbx_error_set(SBX_ERR_CONFIG, -EACCES,
+			     "context '%s' may not %s in namespace %s; grant "
+			     "the Role in contrib/kubernetes/rbac.yaml "
+			     "(`kubectl auth can-i --list -n %s` shows what "
+			     "it may do)", k->context, missing, k->ns, k->ns);
+}
+
+/*
+ * The POST of a pod got no answer (timeout, reset, 5xx): the API server
+ * may still carry it out.  Look for the pod by its deterministic name for
+ * one more request timeout and delete it if it appears, so a failed
+ * `sbx up` leaves nothing behind (a later one would adopt it anyway).
+ */
+/*
+ * Does the pod exist?  1 yes, 0 no (404), < 0 could not tell.  Not held
+ * back by the client's circuit breaker (a stream-style request with a
+ * low-speed bound instead of a total one): right after a request that got
+ * no answer, this is the probe.
+ */
+static int probe_pod(struct kube *k, const char *pod, long timeout_s)
+{
+	char *route = pod_path(k, pod);
+	struct premote_req r = {
+		.method = "GET", .route = route, .cancel_fd = -1,
+		.any_status = true, .timeout_ms = -1,
+		.low_speed_s = timeout_s > 0 ? timeout_s : 1,
+	};
+	struct premote_resp resp;
+	int rc;
+
+	premote_resp_init(&resp);
+	rc = premote_http_do(k->h, &r, &resp);
+	if (rc == 0)
+		rc = resp.status == 404 ? 0
+		     : resp.status >= 200 && resp.status < 300 ? 1
+							       : -EIO;
+	premote_resp_fini(&resp);
+	free(route);
+	return rc;
+}
+
+static void reap_unanswered_create(struct kube *k, const char *pod,
+				   long timeout_s)
+{
+	struct sbx_error saved = *sbx_error_last();
+	/* The client holds requests back for one timeout after one got no
+	 * answer: look a little longer than that. */
+	time_t deadline = time(NULL) + timeout_s + 5;
+	bool found = false, deleted = false;
+
+	while (!deleted && time(NULL) < deadline) {
+		int rc = probe_pod(k, pod, timeout_s);
+
+		if (rc == 1) {
+			found = true;
+			deleted = delete_pod(k, pod, false) == 0;
+		}
+		sbx_error_clear();
+		if (!deleted)
+			usleep(500 * 1000);
+	}
+	if (deleted)
+		fprintf(stderr, "sbx: pod %s was created after all; deleted "
+			"it\n", pod);
+	else if (found)
+		sbx_warn("pod %s was created after all and could not be "
+			 "deleted; `sbx gc` deletes it", pod);
+	else
+		sbx_debug("pod %s did not appear after the failed create", pod);
+	sbx_error_set(saved.klass, saved.code, "%s", saved.msg);
+}
+
 static int pkube_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 			struct sbx_sandbox_info *out)
 {
@@ -1378,19 +1618,24 @@ static int pkube_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 	rc = home_label(home);
 	if (rc < 0)
 		return rc;
-	rc = kube_open(&k, &kp->cfg, NULL, NULL);
+	rc = kube_open(&k, &kp->cfg, NULL, NULL, NULL);
 	if (rc < 0)
 		return rc;
 	name = pod_name(o->session, home);
+	rc = access_check(&k);
+	if (rc < 0)
+		goto out;
 	random_token(token);
 	manifest = pod_manifest(&kp->cfg, name, o->session, home, token);
-	memset(token, 0, sizeof(token));
+	explicit_bzero(token, sizeof(token));
 	path = pods_path(&k);
 	what = pod_what(&k, name);
 	rc = kube_call(&k, "POST", path, NULL, manifest, what, &made);
+	if (rc < 0 && rc != -EEXIST && transient(rc))
+		reap_unanswered_create(&k, name, kp->cfg.timeout_s);
 	if (rc < 0)
 		goto out; /* -EEXIST: the CLI adopts it through get() */
-	rc = pin_save(o->session, &k, name, kp->cfg.port);
+	rc = pin_save(o->session, &k, k.kubeconfig, name, kp->cfg.port);
 	if (rc < 0)
 		goto fail;
 	progress(name, "created");
@@ -1398,6 +1643,8 @@ static int pkube_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 	if (rc < 0)
 		goto fail;
 	if (rc == V_FAILED || rc == V_GONE) {
+		if (rc == V_FAILED)
+			report_start_logs(&k, name);
 		rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
 				   "pod %s in namespace %s did not start: %s",
 				   name, k.ns,
@@ -1459,22 +1706,53 @@ static int pkube_get(struct sbx_provider *p, const char *session,
 	return rc;
 }
 
-/* Every pod this $SBX_HOME made (sbx gc compares with the sessions). */
-static int pkube_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
+/* One place pods of this $SBX_HOME may be: NULLs mean "as configured". */
+struct scope {
+	char *kubeconfig, *context, *ns;
+};
+
+struct scopes {
+	struct scope *v;
+	size_t n;
+};
+
+static bool same_str(const char *a, const char *b)
 {
-	struct pkube_provider *kp = KP(p);
-	struct kube k;
-	char home[17], *sel, *path, *cont = NULL;
+	return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+static int add_pinned_scope(const char *session, const cJSON *pin,
+			    void *payload)
+{
+	struct scopes *ss = payload;
+	const char *kc = sbx_json_str(pin, "kubeconfig");
+	const char *ctx = sbx_json_str(pin, "context");
+	const char *ns = sbx_json_str(pin, "namespace");
+
+	if (!ns)
+		return 0;
+	for (size_t i = 0; i < ss->n; i++)
+		if (same_str(ss->v[i].kubeconfig, kc) &&
+		    same_str(ss->v[i].context, ctx) &&
+		    same_str(ss->v[i].ns, ns))
+			return 0;
+	ss->v = sbx_xrealloc(ss->v, (ss->n + 1) * sizeof(*ss->v));
+	ss->v[ss->n].kubeconfig = kc ? sbx_xstrdup(kc) : NULL;
+	ss->v[ss->n].context = ctx ? sbx_xstrdup(ctx) : NULL;
+	ss->v[ss->n].ns = sbx_xstrdup(ns);
+	ss->n++;
+	return 0;
+}
+
+/* The labelled pods in one namespace (paged with limit/continue). */
+static int list_scope(struct pkube_provider *kp, struct kube *k,
+		      const char *home, sbx_list_cb cb, void *payload)
+{
+	char *sel, *path, *cont = NULL;
 	int rc;
 
-	rc = home_label(home);
-	if (rc < 0)
-		return rc;
-	rc = kube_open(&k, &kp->cfg, NULL, NULL);
-	if (rc < 0)
-		return rc;
 	sel = sbx_xasprintf(LABEL_MANAGED "=sbx," LABEL_HOME "=%s", home);
-	path = pods_path(&k);
+	path = pods_path(k);
 	do {
 		struct sbx_buf q;
 		cJSON *list = NULL;
@@ -1486,7 +1764,7 @@ static int pkube_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
 		premote_q_u64(&q, "limit", 500);
 		if (cont)
 			premote_q_str(&q, "continue", cont);
-		rc = kube_call(&k, "GET", path, sbx_buf_ptr(&q), NULL,
+		rc = kube_call(k, "GET", path, sbx_buf_ptr(&q), NULL,
 			       "sbx pods", &list);
 		sbx_buf_fini(&q);
 		free(cont);
@@ -1506,7 +1784,7 @@ static int pkube_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
 						    LABEL_SESSION);
 			if (!name || !sess)
 				continue;
-			fill_info(&info, sess, &k, name, item, &kp->cfg);
+			fill_info(&info, sess, k, name, item, &kp->cfg);
 			rc = cb(&info, payload);
 			sbx_sandbox_info_fini(&info);
 			if (rc)
@@ -1520,7 +1798,91 @@ static int pkube_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
 	free(cont);
 	free(sel);
 	free(path);
-	kube_close(&k);
+	return rc;
+}
+
+/*
+ * Every pod this $SBX_HOME made (sbx gc compares with the sessions): in
+ * the configured namespace and in every namespace a session was pinned to
+ * (--namespace, --context, --kubeconfig at `sbx up`), each cluster and
+ * namespace once.  A scope that cannot be reached is warned about; the
+ * listing fails only when none can.
+ */
+static int pkube_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
+{
+	struct pkube_provider *kp = KP(p);
+	struct scopes ss = {0};
+	char home[17], **done = NULL;
+	size_t ndone = 0, ok = 0;
+	struct sbx_error first = {0};
+	int rc;
+
+	rc = home_label(home);
+	if (rc < 0)
+		return rc;
+	/* The configured scope first, then the pinned ones. */
+	ss.v = sbx_xcalloc(1, sizeof(*ss.v));
+	ss.n = 1;
+	rc = pcommon_pin_each(SECTION, add_pinned_scope, &ss);
+	if (rc < 0)
+		sbx_error_clear();
+	rc = 0;
+	for (size_t i = 0; i < ss.n && rc == 0; i++) {
+		struct kube k;
+		char *key;
+		bool seen = false;
+
+		rc = kube_open(&k, &kp->cfg, ss.v[i].kubeconfig,
+			       ss.v[i].context, ss.v[i].ns);
+		if (rc < 0) {
+			if (!first.klass)
+				first = *sbx_error_last();
+			if (i)
+				sbx_warn("gc: cannot list the pods of context "
+					 "'%s' namespace %s: %s",
+					 ss.v[i].context ? ss.v[i].context : "?",
+					 ss.v[i].ns, sbx_error_last()->msg);
+			sbx_error_clear();
+			rc = 0;
+			continue;
+		}
+		key = sbx_xasprintf("%s|%s", sbx_kube_server(k.kc), k.ns);
+		for (size_t d = 0; d < ndone && !seen; d++)
+			seen = !strcmp(done[d], key);
+		if (seen) {
+			free(key);
+			kube_close(&k);
+			continue;
+		}
+		done = sbx_xrealloc(done, (ndone + 1) * sizeof(*done));
+		done[ndone++] = key;
+		rc = list_scope(kp, &k, home, cb, payload);
+		if (rc < 0) {
+			if (!first.klass)
+				first = *sbx_error_last();
+			sbx_warn("gc: cannot list the pods of context '%s' "
+				 "namespace %s: %s", k.context, k.ns,
+				 sbx_error_last()->msg);
+			sbx_error_clear();
+			rc = 0;
+		} else if (rc == 0) {
+			ok++;
+		}
+		kube_close(&k);
+	}
+	for (size_t i = 0; i < ss.n; i++) {
+		free(ss.v[i].kubeconfig);
+		free(ss.v[i].context);
+		free(ss.v[i].ns);
+	}
+	free(ss.v);
+	for (size_t d = 0; d < ndone; d++)
+		free(done[d]);
+	free(done);
+	if (rc > 0)
+		return 0; /* the callback stopped the walk */
+	if (rc == 0 && !ok && first.klass)
+		return sbx_error_set(first.klass, first.code, "%s", first.msg);
 	return rc < 0 ? rc : 0;
 }
 
@@ -1584,7 +1946,7 @@ static int agent_config(struct pkube_provider *kp, struct kube *k,
 	if (rc < 0)
 		goto out;
 	/* The sandbox's own credentials object, released with it. */
-	rc = load_kc(&kc2, &kp->cfg, k->context, k->ns);
+	rc = load_kc(&kc2, &kp->cfg, k->kubeconfig, k->context, k->ns);
 	if (rc < 0)
 		goto out;
 	{
@@ -1597,6 +1959,12 @@ static int agent_config(struct pkube_provider *kp, struct kube *k,
 	}
 	pc->url = sbx_xasprintf("%s/api/v1/namespaces/%s/pods/%s:%ld/proxy",
 				k->ka.url, k->ns, pod, port);
+	/* Two hops: the API server, then its proxy to the pod. */
+	pc->peer = sbx_xasprintf("the Kubernetes API server at %s (pod proxy "
+				 "to pod %s in namespace %s)", k->ka.url, pod,
+				 k->ns);
+	/* Commands get the container's environment (premote_env.c). */
+	pc->container_env = true;
 	pc->timeout_ms = kp->cfg.timeout_s * 1000;
 	pc->connect_timeout_ms = PREMOTE_DEFAULT_CONNECT_TIMEOUT_S * 1000L;
 out:
@@ -1633,50 +2001,11 @@ static int agent_client(struct pkube_provider *kp, const char *session,
 
 /* ---- snapshots: tar streams under $SBX_HOME/kubernetes/snapshots/ -------- */
 
-static int snap_dir(char **out, const char *session)
-{
-	char *base = NULL;
-	int rc = sbx_paths_subdir(&base, "kubernetes");
-
-	*out = NULL;
-	if (rc < 0)
-		return rc;
-	*out = sbx_xasprintf("%s/snapshots/%s", base, session);
-	free(base);
-	rc = sbx_paths_mkdir_p(*out, 0700);
-	if (rc < 0) {
-		free(*out);
-		*out = NULL;
-	}
-	return rc;
-}
-
-/* "other/ID" names a snapshot of another session (restore into a new one). */
+/* A snapshot file (pcommon.h store): <id><ext>, "OTHER/ID" allowed. */
 static int snap_file(char **out, const char *session, const char *id,
-		     const char *ext)
+		     const char *ext, bool create)
 {
-	const char *slash = strchr(id, '/');
-	char *sess = slash ? sbx_xstrndup(id, (size_t)(slash - id))
-			   : sbx_xstrdup(session);
-	const char *bare = slash ? slash + 1 : id;
-	char *dir = NULL;
-	int rc;
-
-	*out = NULL;
-	if (!*bare || strchr(bare, '/') || bare[0] == '.' ||
-	    sbx_name_validate(sess) < 0) {
-		sbx_error_clear();
-		free(sess);
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "bad snapshot id '%s' (use an id from "
-				     "`sbx snapshots`, or SESSION/ID)", id);
-	}
-	rc = snap_dir(&dir, sess);
-	if (rc == 0)
-		*out = sbx_xasprintf("%s/%s%s", dir, bare, ext);
-	free(dir);
-	free(sess);
-	return rc;
+	return pcommon_snap_file(out, SECTION, session, id, ext, create);
 }
 
 static int take_snapshot(struct pkube_provider *kp, const char *session,
@@ -1685,22 +2014,16 @@ static int take_snapshot(struct pkube_provider *kp, const char *session,
 	struct kube k;
 	struct premote_config pc;
 	struct premote_http *h = NULL;
-	char id[64], stamp[32], *tar = NULL, *tmp = NULL, *meta = NULL;
-	unsigned char r[2];
+	char id[40], *tar = NULL, *tmp = NULL;
 	time_t now = time(NULL);
-	struct tm tm;
 	int fd = -1, rc;
 
 	*id_out = NULL;
 	rc = agent_client(kp, session, &k, &pc, &h);
 	if (rc < 0)
 		return rc;
-	gmtime_r(&now, &tm);
-	strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
-	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
-		r[0] = r[1] = 0;
-	snprintf(id, sizeof(id), "%s-%02x%02x", stamp, r[0], r[1]);
-	rc = snap_file(&tar, session, id, ".tar");
+	pcommon_snap_new_id(id, now);
+	rc = snap_file(&tar, session, id, ".tar", true);
 	if (rc < 0)
 		goto out;
 	tmp = sbx_xasprintf("%s.part", tar);
@@ -1717,46 +2040,37 @@ static int take_snapshot(struct pkube_provider *kp, const char *session,
 	fd = -1;
 	if (rc < 0) {
 		rc = sbx_error_prefix(rc, "snapshot of session %s", session);
-		unlink(tmp);
 		goto out;
 	}
-	{
-		cJSON *j = cJSON_CreateObject();
-		char when[40], *text;
-
-		if (!j)
-			abort();
-		sbx_json_set_str(j, "id", id);
-		sbx_json_set_str(j, "session", session);
-		sbx_json_set_str(j, "message", message ? message : "");
-		sbx_json_set_str(j, "created_at",
-				 sbx_json_time_format(when, sizeof(when), now));
-		text = sbx_json_print(j, true);
-		cJSON_Delete(j);
-		rc = snap_file(&meta, session, id, ".json");
-		if (rc == 0)
-			rc = sbx_file_write_atomic(meta, text, strlen(text),
-						   0600);
-		free(text);
-	}
-	if (rc == 0 && rename(tmp, tar) < 0)
+	rc = pcommon_snap_record(SECTION, session, id, message, now, NULL);
+	if (rc == 0 && rename(tmp, tar) < 0) {
 		rc = sbx_error_os("snapshot of %s: rename %s", session, tmp);
-	if (rc < 0) {
-		unlink(tmp);
-		if (meta)
-			unlink(meta);
-		goto out;
+		{
+			char *meta = NULL;
+
+			if (snap_file(&meta, session, id, ".json", false) == 0)
+				unlink(meta);
+			free(meta);
+		}
 	}
-	*id_out = sbx_xstrdup(id);
+	if (rc == 0)
+		*id_out = sbx_xstrdup(id);
 out:
 	if (fd >= 0)
 		close(fd);
+	if (rc < 0 && tmp) {
+		struct sbx_error saved = *sbx_error_last();
+
+		unlink(tmp);
+		/* Leave no empty directory behind a failed first snapshot. */
+		pcommon_snap_prune(SECTION, session);
+		sbx_error_set(saved.klass, saved.code, "%s", saved.msg);
+	}
 	premote_http_free(h);
 	premote_config_fini(&pc);
 	kube_close(&k);
 	free(tar);
 	free(tmp);
-	free(meta);
 	return rc;
 }
 
@@ -1766,56 +2080,10 @@ static int pkube_snapshot(struct sbx_provider *p, const char *session,
 	return take_snapshot(KP(p), session, message, id_out);
 }
 
-static int by_name_desc(const struct dirent **a, const struct dirent **b)
-{
-	return strcmp((*b)->d_name, (*a)->d_name);
-}
-
 static int pkube_snapshots(struct sbx_provider *p, const char *session,
 			   sbx_snapshot_cb cb, void *payload)
 {
-	struct dirent **ents = NULL;
-	char *dir = NULL;
-	int n, rc = snap_dir(&dir, session);
-
-	if (rc < 0)
-		return rc;
-	n = scandir(dir, &ents, NULL, by_name_desc);
-	if (n < 0) {
-		rc = sbx_error_os("snapshots of %s: %s", session, dir);
-		free(dir);
-		return rc;
-	}
-	for (int i = 0; i < n; i++) {
-		const char *name = ents[i]->d_name;
-		size_t l = strlen(name);
-
-		if (rc == 0 && l > 5 && !strcmp(name + l - 5, ".json")) {
-			char *path = sbx_xasprintf("%s/%s", dir, name);
-			cJSON *j = NULL;
-
-			if (sbx_json_parse_file(&j, path, 1 << 20) == 0 &&
-			    sbx_json_str(j, "id")) {
-				struct sbx_snapshot_info si = {
-					.id = sbx_json_str(j, "id"),
-					.message = sbx_json_str(j, "message"),
-				};
-				const char *t = sbx_json_str(j, "created_at");
-
-				if (t && sbx_json_time_parse(&si.created_at,
-							     t) < 0)
-					si.created_at = 0;
-				rc = cb(&si, payload);
-			}
-			sbx_error_clear();
-			cJSON_Delete(j);
-			free(path);
-		}
-		free(ents[i]);
-	}
-	free(ents);
-	free(dir);
-	return rc < 0 ? rc : 0;
+	return pcommon_snap_list(SECTION, session, cb, payload);
 }
 
 static int pkube_restore(struct sbx_provider *p, const char *session,
@@ -1831,7 +2099,7 @@ static int pkube_restore(struct sbx_provider *p, const char *session,
 
 	if (saved_out)
 		*saved_out = NULL;
-	rc = snap_file(&tar, session, id, ".tar");
+	rc = snap_file(&tar, session, id, ".tar", false);
 	if (rc < 0)
 		return rc;
 	fd = open(tar, O_RDONLY | O_CLOEXEC);
@@ -1890,6 +2158,9 @@ static int pkube_terminate(struct sbx_provider *p, const char *session,
 	if (!(flags & SBX_TERMINATE_FORCE)) {
 		rc = take_snapshot(kp, session, "before sbx down", &saved);
 		if (rc == -ENXIO || rc == -ENOENT) {
+			/* Nothing to save, and the user is told so. */
+			pcommon_report_nothing_saved(session, "the pod",
+						     sbx_error_last()->msg);
 			sbx_error_clear();
 		} else if (rc < 0) {
 			return sbx_error_prefix(rc, "not deleting the pod of "
@@ -1942,7 +2213,27 @@ static int pkube_open(struct sbx_provider *p, const char *session,
 		goto out;
 	rc = premote_probe(&pc, &h, &info);
 	if (rc < 0) {
-		rc = sbx_error_prefix(rc, "pod %s", pod);
+		if (sbx_error_last()->detail == 403 &&
+		    sbx_error_last()->klass == SBX_ERR_HTTP) {
+			/*
+			 * The API server refused the pod proxy: ask it again
+			 * as the API client, which turns its Status into a
+			 * short "forbidden: <message>; grant ... rbac.yaml".
+			 */
+			struct sbx_error first = *sbx_error_last();
+			char *route = proxy_health_route(&k, pod, port);
+			int rc2;
+
+			rc2 = kube_call(&k, "GET", route, NULL, NULL,
+					"pods/proxy of the pod", NULL);
+			free(route);
+			if (rc2 != -EACCES)
+				sbx_error_set(first.klass, first.code, "%s",
+					      first.msg);
+			rc = sbx_error_prefix(rc, "pod %s", pod);
+		} else {
+			rc = sbx_error_prefix(rc, "pod %s", pod);
+		}
 		premote_config_fini(&pc);
 		goto out;
 	}

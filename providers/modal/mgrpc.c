@@ -1,11 +1,11 @@
 /*
  * gRPC over libcurl; see mgrpc.h.
  *
- * Pool.  As providers/remote/premote_http.c: easy handles come from a
- * mutex-protected free list (created on demand, one per concurrent caller)
- * and share connections, DNS and TLS sessions through a CURLSH, so calls
- * reuse the kept-alive HTTP/2 connection.  A handle is used by one thread
- * at a time.
+ * Pool.  As providers/remote/premote_http.c: easy handles come from the
+ * shared pool of sbx/http.h (created on demand, one per concurrent caller;
+ * DNS and TLS sessions shared, each handle keeping its own kept-alive
+ * HTTP/2 connection: libcurl does not support sharing connections across
+ * threads).  A handle is used by one thread at a time.
  *
  * Framing.  The body callback appends to a buffer and takes out every
  * complete frame; a frame header announcing more than MGRPC_MAX_MESSAGE
@@ -29,6 +29,7 @@
 #include <curl/curl.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "sbx/http.h"
 #include "sbx/xmalloc.h"
 
 #include "mgrpc.h"
@@ -39,13 +40,7 @@ struct mgrpc {
 	char *ca_file;
 	long connect_timeout_ms;
 	bool h2c;                  /* http://: prior knowledge, no reuse */
-
-	CURLSH *share;
-	pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
-
-	pthread_mutex_t pool_lock;
-	CURL **idle;               /* protected by pool_lock */
-	size_t nidle, cap;
+	struct sbx_http_pool *pool;
 };
 
 static __thread int last_status;
@@ -68,33 +63,6 @@ const char *mgrpc_code_name(int code)
 	if (code < 0 || code >= (int)(sizeof(code_names) / sizeof(*code_names)))
 		return "UNKNOWN_CODE";
 	return code_names[code];
-}
-
-/* ---- global init and share locks ------------------------------------------ */
-
-static pthread_once_t global_once = PTHREAD_ONCE_INIT;
-static CURLcode global_rc;
-
-static void global_init(void)
-{
-	global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-static void share_lock(CURL *e, curl_lock_data data, curl_lock_access a,
-		       void *userp)
-{
-	struct mgrpc *c = userp;
-
-	if (data >= 0 && data < CURL_LOCK_DATA_LAST)
-		pthread_mutex_lock(&c->share_locks[data]);
-}
-
-static void share_unlock(CURL *e, curl_lock_data data, void *userp)
-{
-	struct mgrpc *c = userp;
-
-	if (data >= 0 && data < CURL_LOCK_DATA_LAST)
-		pthread_mutex_unlock(&c->share_locks[data]);
 }
 
 /* ---- construction --------------------------------------------------------- */
@@ -141,11 +109,9 @@ int mgrpc_new(struct mgrpc **out, const struct mgrpc_opts *o)
 
 	*out = NULL;
 	SBX_ASSERT_ARG(o && o->url);
-	pthread_once(&global_once, global_init);
-	if (global_rc != CURLE_OK)
-		return sbx_error_setd(SBX_ERR_HTTP, -EIO, global_rc,
-				      "cannot initialise libcurl: %s",
-				      curl_easy_strerror(global_rc));
+	rc = sbx_http_global_init();
+	if (rc < 0)
+		return rc;
 	if (strncmp(o->url, "https://", 8) && strncmp(o->url, "http://", 7))
 		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
 				     "modal gRPC: server URL must start with "
@@ -166,19 +132,9 @@ int mgrpc_new(struct mgrpc **out, const struct mgrpc_opts *o)
 	c->connect_timeout_ms = o->connect_timeout_ms > 0
 					? o->connect_timeout_ms
 					: MGRPC_DEFAULT_CONNECT_TIMEOUT_MS;
-	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
-		pthread_mutex_init(&c->share_locks[i], NULL);
-	pthread_mutex_init(&c->pool_lock, NULL);
-	c->share = curl_share_init();
-	if (!c->share)
-		abort(); /* out of memory, as sbx_xmalloc */
-	curl_share_setopt(c->share, CURLSHOPT_LOCKFUNC, share_lock);
-	curl_share_setopt(c->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
-	curl_share_setopt(c->share, CURLSHOPT_USERDATA, c);
-	curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-	curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
-	curl_share_setopt(c->share, CURLSHOPT_SHARE,
-			  CURL_LOCK_DATA_SSL_SESSION);
+	rc = sbx_http_pool_new(&c->pool);
+	if (rc < 0)
+		goto fail;
 
 	for (size_t i = 0; o->headers && o->headers[i]; i++) {
 		char *h;
@@ -205,47 +161,11 @@ void mgrpc_free(struct mgrpc *c)
 {
 	if (!c)
 		return;
-	/* Handles first: they hold references into the share. */
-	for (size_t i = 0; i < c->nidle; i++)
-		curl_easy_cleanup(c->idle[i]);
-	free(c->idle);
-	if (c->share)
-		curl_share_cleanup(c->share);
-	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
-		pthread_mutex_destroy(&c->share_locks[i]);
-	pthread_mutex_destroy(&c->pool_lock);
+	sbx_http_pool_free(c->pool);
 	wipe_slist(c->meta);
 	free(c->ca_file);
 	free(c->url);
 	free(c);
-}
-
-static CURL *pool_get(struct mgrpc *c)
-{
-	CURL *e = NULL;
-
-	pthread_mutex_lock(&c->pool_lock);
-	if (c->nidle)
-		e = c->idle[--c->nidle];
-	pthread_mutex_unlock(&c->pool_lock);
-	if (!e) {
-		e = curl_easy_init();
-		if (!e)
-			abort(); /* out of memory */
-	}
-	return e;
-}
-
-static void pool_put(struct mgrpc *c, CURL *e)
-{
-	curl_easy_reset(e);
-	pthread_mutex_lock(&c->pool_lock);
-	if (c->nidle == c->cap) {
-		c->cap = c->cap ? c->cap * 2 : 8;
-		c->idle = sbx_xrealloc(c->idle, c->cap * sizeof(*c->idle));
-	}
-	c->idle[c->nidle++] = e;
-	pthread_mutex_unlock(&c->pool_lock);
 }
 
 /* ---- errors --------------------------------------------------------------- */
@@ -295,34 +215,12 @@ static bool code_is_retryable(int code)
 	       code == MGRPC_UNKNOWN;
 }
 
-static int errno_from_curl(CURLcode res)
-{
-	switch (res) {
-	case CURLE_OPERATION_TIMEDOUT:
-		return -ETIMEDOUT;
-	case CURLE_COULDNT_CONNECT:
-		return -ECONNREFUSED;
-	case CURLE_COULDNT_RESOLVE_HOST:
-	case CURLE_COULDNT_RESOLVE_PROXY:
-		return -EHOSTUNREACH;
-	case CURLE_SEND_ERROR:
-	case CURLE_RECV_ERROR:
-	case CURLE_GOT_NOTHING:
-	case CURLE_PARTIAL_FILE:
-	case CURLE_HTTP2:
-	case CURLE_HTTP2_STREAM:
-		return -ECONNRESET;
-	default:
-		return -EIO;
-	}
-}
-
 /* Failures a gRPC client reports as UNAVAILABLE/DEADLINE_EXCEEDED. */
 static bool curl_is_retryable(CURLcode res)
 {
-	return errno_from_curl(res) == -ETIMEDOUT ||
-	       errno_from_curl(res) == -ECONNREFUSED ||
-	       errno_from_curl(res) == -ECONNRESET;
+	int rc = sbx_errno_from_curl(res);
+
+	return rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -ECONNRESET;
 }
 
 /* The gRPC code a proxy's HTTP status stands for (gRPC's
@@ -607,7 +505,7 @@ static int attempt_once(struct mgrpc *c, const char *method,
 	int rc = 0;
 
 	a->retryable = false;
-	x.e = pool_get(c);
+	x.e = sbx_http_pool_get(c->pool);
 
 	hdrs = add_header(hdrs, "content-type: application/grpc");
 	hdrs = add_header(hdrs, "te: trailers");
@@ -626,9 +524,7 @@ static int attempt_once(struct mgrpc *c, const char *method,
 		hdrs = add_header(hdrs, tmp);
 	}
 
-	curl_easy_setopt(x.e, CURLOPT_SHARE, c->share);
 	curl_easy_setopt(x.e, CURLOPT_URL, url);
-	curl_easy_setopt(x.e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(x.e, CURLOPT_HTTP_VERSION,
 			 c->h2c ? (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
 				: (long)CURL_HTTP_VERSION_2TLS);
@@ -677,7 +573,8 @@ static int attempt_once(struct mgrpc *c, const char *method,
 					    "answer within the %ld ms deadline",
 					    method, c->url, a->deadline_ms);
 		} else
-			rc = sbx_error_setd(SBX_ERR_HTTP, errno_from_curl(res),
+			rc = sbx_error_setd(SBX_ERR_HTTP,
+					    sbx_errno_from_curl(res),
 					    res, "modal gRPC %s at %s: %s%s%s",
 					    method, c->url,
 					    curl_easy_strerror(res),
@@ -746,7 +643,7 @@ out:
 		protobuf_c_message_free_unpacked(x.unary, NULL);
 	free(x.grpc_message);
 	free(x.buf);
-	pool_put(c, x.e);
+	sbx_http_pool_put(c->pool, x.e);
 	wipe_slist(hdrs);
 	free(url);
 	return rc;

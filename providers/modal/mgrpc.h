@@ -31,9 +31,10 @@
  * undecodable message) gives -EPROTO / SBX_ERR_PROTO; a message over
  * MGRPC_MAX_MESSAGE gives -EMSGSIZE.
  *
- * Threads.  A channel is thread-safe: easy handles come from a pool and
- * share connections, DNS and TLS sessions through a CURLSH.  Callbacks run
- * on the calling thread.
+ * Threads.  A channel is thread-safe: easy handles come from a pool
+ * (sbx/http.h) sharing DNS and TLS sessions, each with its own kept-alive
+ * connection.  Transport errors map through sbx_errno_from_curl().
+ * Callbacks run on the calling thread.
  */
 #ifndef SBX_MODAL_MGRPC_H
 #define SBX_MODAL_MGRPC_H

@@ -25,6 +25,7 @@
 #include "mgrpc.h"
 #include "modal_api.pb-c.h"
 #include "modal_creds.h"
+#include "pcommon.h"
 #include "pmodal.h"
 #include "task_command_router.pb-c.h"
 #include "../remote/premote_i.h"
@@ -46,6 +47,8 @@ typedef Modal__Client__GenericResult GResult;
 
 /* ---- configuration ---------------------------------------------------------- */
 
+#define SECTION "modal"
+
 /* The "modal" section, validated (strings borrowed from the JSON). */
 struct mcfg {
 	const char *image, *app, *environment, *workdir, *agent_bundle,
@@ -53,44 +56,8 @@ struct mcfg {
 	long timeout_s, idle_timeout_s, port, ready_timeout_s, request_s;
 	long memory_mb;
 	double cpu;
+	const cJSON *env; /* NAME -> value for the sandbox (validated) */
 };
-
-static int bad(const char *key, const char *want)
-{
-	return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-			     "configuration \"modal\": \"%s\" must be %s", key,
-			     want);
-}
-
-static int opt_str(const cJSON *sec, const char *key, const char **out,
-		   const char *dflt)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(sec, key);
-
-	*out = dflt;
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (!cJSON_IsString(v) || !*v->valuestring)
-		return bad(key, "a non-empty string");
-	*out = v->valuestring;
-	return 0;
-}
-
-static int opt_num(const cJSON *sec, const char *key, double *out,
-		   double dflt, double min, double max)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(sec, key);
-
-	*out = dflt;
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (!cJSON_IsNumber(v) || v->valuedouble < min || v->valuedouble > max)
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "configuration \"modal\": \"%s\" must be "
-				     "a number from %g to %g", key, min, max);
-	*out = v->valuedouble;
-	return 0;
-}
 
 static int mcfg_parse(struct mcfg *c, const cJSON *sec)
 {
@@ -98,24 +65,35 @@ static int mcfg_parse(struct mcfg *c, const cJSON *sec)
 	int rc;
 
 	memset(c, 0, sizeof(*c));
-	if (sec && !cJSON_IsObject(sec))
-		return bad("modal", "an object");
-	if ((rc = opt_str(sec, "image", &c->image, "python:3.11")) < 0 ||
-	    (rc = opt_str(sec, "app", &c->app, "sbx")) < 0 ||
-	    (rc = opt_str(sec, "environment", &c->environment, NULL)) < 0 ||
-	    (rc = opt_str(sec, "workdir", &c->workdir, "/workspace")) < 0 ||
-	    (rc = opt_str(sec, "agent_bundle", &c->agent_bundle, NULL)) < 0 ||
-	    (rc = opt_str(sec, "ca_file", &c->ca_file, NULL)) < 0 ||
-	    (rc = opt_num(sec, "timeout", &t, 86400, 60, 86400)) < 0 ||
-	    (rc = opt_num(sec, "idle_timeout", &idle, 0, 0, 86400)) < 0 ||
-	    (rc = opt_num(sec, "port", &port, 7070, 1, 65535)) < 0 ||
-	    (rc = opt_num(sec, "ready_timeout", &ready, 300, 1, 3600)) < 0 ||
-	    (rc = opt_num(sec, "request_timeout", &req, 30, 1, 3600)) < 0 ||
-	    (rc = opt_num(sec, "cpu", &c->cpu, 0, 0, 512)) < 0 ||
-	    (rc = opt_num(sec, "memory", &mem, 0, 0, 4 << 20)) < 0)
+	if ((rc = pcommon_cfg_object(SECTION, sec)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "image", &c->image,
+				  "python:3.11")) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "app", &c->app, "sbx")) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "environment",
+				  &c->environment, NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "workdir", &c->workdir,
+				  "/workspace")) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "agent_bundle",
+				  &c->agent_bundle, NULL)) < 0 ||
+	    (rc = pcommon_cfg_str(SECTION, sec, "ca_file", &c->ca_file,
+				  NULL)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "timeout", &t, 86400, 60,
+				  86400)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "idle_timeout", &idle, 0, 0,
+				  86400)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "port", &port, 7070, 1,
+				  65535)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "ready_timeout", &ready, 300, 1,
+				  3600)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "request_timeout", &req, 30, 1,
+				  3600)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "cpu", &c->cpu, 0, 0, 512)) < 0 ||
+	    (rc = pcommon_cfg_num(SECTION, sec, "memory", &mem, 0, 0,
+				  4 << 20)) < 0 ||
+	    (rc = pcommon_cfg_env(SECTION, sec, "env", &c->env)) < 0)
 		return rc;
 	if (c->workdir[0] != '/')
-		return bad("workdir", "an absolute path");
+		return pcommon_cfg_bad(SECTION, "workdir", "an absolute path");
 	c->timeout_s = (long)t;
 	c->idle_timeout_s = (long)idle;
 	c->port = (long)port;
@@ -219,42 +197,16 @@ static const char *result_name(const GResult *r)
 	}
 }
 
-/* ---- identity ----------------------------------------------------------------- */
-
-static void hash_hex(char out[17], const char *a, const char *b)
-{
-	unsigned long long h = 1469598103934665603ULL;
-
-	for (const char *p = a; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	h = (h ^ 0) * 1099511628211ULL;
-	for (const char *p = b; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	snprintf(out, 17, "%016llx", h);
-}
+/* ---- identity and the pin ---------------------------------------------------- */
 
 static int home_tag(char out[17])
 {
-	char *home = NULL, host[256] = "";
-	int rc = sbx_paths_home(&home);
-
-	if (rc < 0)
-		return rc;
-	gethostname(host, sizeof(host) - 1);
-	hash_hex(out, host, home);
-	free(home);
-	return 0;
+	return pcommon_home_id(out);
 }
 
 static void rand_hex(char *out, size_t bytes)
 {
-	unsigned char r[32];
-
-	if (bytes > sizeof(r) ||
-	    getrandom(r, bytes, 0) != (ssize_t)bytes)
-		abort(); /* the kernel's CSPRNG does not fail for 32 bytes */
-	for (size_t i = 0; i < bytes; i++)
-		snprintf(out + 2 * i, 3, "%02x", r[i]);
+	pcommon_random_hex(out, bytes);
 }
 
 /* $SBX_HOME/modal/<session>.json: sandbox id, app, environment, token. */
@@ -267,43 +219,28 @@ static void pin_fini(struct pin *p)
 	free(p->sandbox_id);
 	free(p->app_id);
 	free(p->env);
-	if (p->token) {
-		memset(p->token, 0, strlen(p->token));
-		free(p->token);
-	}
+	pcommon_wipe_free(p->token);
 	memset(p, 0, sizeof(*p));
-}
-
-static int pin_path(char **out, const char *session)
-{
-	return sbx_paths_session_file(out, "modal", session, ".json");
 }
 
 /* 0 with p->sandbox_id NULL when there is no pin. */
 static int pin_load(struct pin *p, const char *session)
 {
-	char *path = NULL;
 	cJSON *j = NULL;
 	int rc;
 
 	memset(p, 0, sizeof(*p));
-	rc = pin_path(&path, session);
-	if (rc < 0)
-		return rc;
-	rc = sbx_json_parse_file(&j, path, 1 << 20);
-	if (rc == -ENOENT) {
-		sbx_error_clear();
-		rc = 0;
-	} else if (rc == 0) {
-		const char *s = sbx_json_str(j, "sandbox_id");
+	rc = pcommon_pin_load(&j, SECTION, session);
+	if (rc == 0 && j) {
+		const char *sid = sbx_json_str(j, "sandbox_id");
 		const char *t = sbx_json_str(j, "token");
 
-		if (!s || !t) {
+		if (!sid || !t) {
 			rc = sbx_error_set(SBX_ERR_JSON, -EINVAL,
-					   "%s: no \"sandbox_id\"/\"token\"",
-					   path);
+					   "the pin of session %s has no "
+					   "\"sandbox_id\"/\"token\"", session);
 		} else {
-			p->sandbox_id = sbx_xstrdup(s);
+			p->sandbox_id = sbx_xstrdup(sid);
 			p->token = sbx_xstrdup(t);
 			p->app_id = sbx_xstrdup(sbx_json_str(j, "app_id")
 							? sbx_json_str(j, "app_id")
@@ -312,16 +249,23 @@ static int pin_load(struct pin *p, const char *session)
 						     ? sbx_json_str(j, "environment")
 						     : "");
 		}
+		/* The token was in the tree: wipe it before freeing. */
+		{
+			cJSON *tok = cJSON_GetObjectItemCaseSensitive(j, "token");
+
+			if (cJSON_IsString(tok))
+				explicit_bzero(tok->valuestring,
+					       strlen(tok->valuestring));
+		}
 	}
 	cJSON_Delete(j);
-	free(path);
 	return rc;
 }
 
 static int pin_save(const char *session, const struct pin *p)
 {
 	cJSON *j = cJSON_CreateObject();
-	char *path = NULL, *text;
+	cJSON *tok;
 	int rc;
 
 	if (!j)
@@ -330,26 +274,17 @@ static int pin_save(const char *session, const struct pin *p)
 	sbx_json_set_str(j, "app_id", p->app_id);
 	sbx_json_set_str(j, "environment", p->env);
 	sbx_json_set_str(j, "token", p->token);
-	text = sbx_json_print(j, true);
+	rc = pcommon_pin_save(SECTION, session, j);
+	tok = cJSON_GetObjectItemCaseSensitive(j, "token");
+	if (cJSON_IsString(tok))
+		explicit_bzero(tok->valuestring, strlen(tok->valuestring));
 	cJSON_Delete(j);
-	rc = pin_path(&path, session);
-	if (rc == 0)
-		rc = sbx_file_write_atomic(path, text, strlen(text), 0600);
-	memset(text, 0, strlen(text));
-	free(text);
-	free(path);
 	return rc;
 }
 
 static void pin_remove(const char *session)
 {
-	char *path = NULL;
-
-	if (pin_path(&path, session) == 0 && unlink(path) < 0 &&
-	    errno != ENOENT)
-		sbx_warn("could not remove %s: %s", path, strerror(errno));
-	sbx_error_clear();
-	free(path);
+	pcommon_pin_remove(SECTION, session);
 }
 
 /* ---- the image: the user's image plus the agent bundle ----------------------- */
@@ -655,17 +590,20 @@ static int create_sandbox(struct mchan *m, const struct mcfg *c,
 	ProtobufCMessage *empty = NULL;
 	char listen[32], home[17], *tokarg;
 	/*
-	 * The sandbox definition has no environment: the token goes in
-	 * through env(1), and the agent unsets it before running commands.
-	 * The bundle's own loader runs the agent, so the image needs no
-	 * particular libc.
+	 * The sandbox definition has no environment: the configured "env"
+	 * and the token go in through env(1) (the token last; reserved names
+	 * are refused by the configuration check), and the agent unsets the
+	 * token before running commands.  The bundle's own loader runs the
+	 * agent, so the image needs no particular libc.
 	 */
-	char *args[] = {
-		"env", NULL, AGENT_DIR "/lib/ld.so", "--library-path",
-		AGENT_DIR "/lib", AGENT_DIR "/bin/sbx-agent", "serve",
-		"--root", (char *)c->workdir, "--listen", listen,
-		"--token-env", TOKEN_ENV,
+	const char *const tail[] = {
+		AGENT_DIR "/lib/ld.so", "--library-path", AGENT_DIR "/lib",
+		AGENT_DIR "/bin/sbx-agent", "serve", "--root", c->workdir,
+		"--listen", listen, "--token-env", TOKEN_ENV, NULL,
 	};
+	char **args = NULL, **own = NULL;
+	size_t na = 0, nown = 0, cap;
+	const cJSON *ev;
 	int rc;
 
 	*sandbox_id = NULL;
@@ -674,8 +612,17 @@ static int create_sandbox(struct mchan *m, const struct mcfg *c,
 		return rc;
 	snprintf(listen, sizeof(listen), "0.0.0.0:%ld", c->port);
 	tokarg = sbx_xasprintf(TOKEN_ENV "=%s", token);
-	args[1] = tokarg;
-	def.n_entrypoint_args = sizeof(args) / sizeof(args[0]);
+	cap = (size_t)cJSON_GetArraySize(c->env) + 16;
+	args = sbx_xcalloc(cap, sizeof(*args));
+	own = sbx_xcalloc(cap, sizeof(*own));
+	args[na++] = "env";
+	cJSON_ArrayForEach(ev, c->env)
+		args[na++] = own[nown++] = sbx_xasprintf("%s=%s", ev->string,
+							 ev->valuestring);
+	args[na++] = tokarg;
+	for (size_t i = 0; tail[i]; i++)
+		args[na++] = (char *)tail[i];
+	def.n_entrypoint_args = na;
 	def.entrypoint_args = args;
 	def.image_id = (char *)image_id;
 	def.timeout_secs = (uint32_t)c->timeout_s;
@@ -703,8 +650,11 @@ static int create_sandbox(struct mchan *m, const struct mcfg *c,
 	rc = call(m, RPC("SandboxCreate"), &req,
 		  &modal__client__sandbox_create_response__descriptor, &resp,
 		  true, 0);
-	memset(tokarg, 0, strlen(tokarg));
-	free(tokarg);
+	pcommon_wipe_free(tokarg);
+	for (size_t i = 0; i < nown; i++)
+		free(own[i]);
+	free(own);
+	free(args);
 	if (rc < 0)
 		return rc;
 	*sandbox_id = sbx_xstrdup(resp->sandbox_id);
@@ -751,6 +701,13 @@ static int sandbox_result(struct mchan *m, const char *sandbox_id,
 
 static int fail_finished(const char *sandbox_id, const GResult *r)
 {
+	/* Its whole account (the error message is bounded). */
+	if (r->exception && strchr(r->exception, '\n')) {
+		char *what = sbx_xasprintf("Modal sandbox %s", sandbox_id);
+
+		pcommon_report_log_tail(what, r->exception, 20);
+		free(what);
+	}
 	return sbx_error_set(SBX_ERR_REMOTE, -EIO,
 			     "Modal sandbox %s ended (%s%s%s)", sandbox_id,
 			     result_name(r),
@@ -837,6 +794,11 @@ static void agent_cfg(struct premote_config *pc, const struct mcfg *c,
 	pc->ca_file = c->ca_file ? sbx_xstrdup(c->ca_file) : NULL;
 	pc->timeout_ms = c->request_s * 1000;
 	pc->connect_timeout_ms = PREMOTE_DEFAULT_CONNECT_TIMEOUT_S * 1000L;
+	/* Failures name the hop: Modal's tunnel, in front of the agent. */
+	pc->peer = sbx_xasprintf("Modal's tunnel at %s (to the sandbox's "
+				 "agent)", url);
+	/* Commands get the sandbox's environment (premote_env.c). */
+	pc->container_env = true;
 }
 
 /* Until the agent answers behind the tunnel (it may not listen yet). */
@@ -941,7 +903,7 @@ struct pmodal_provider {
 
 static void fill_info(struct sbx_sandbox_info *out, const char *session,
 		      const struct mcfg *c, const char *sandbox_id,
-		      const GResult *finished, const char *env)
+		      const GResult *finished, const char *env, bool gone)
 {
 	memset(out, 0, sizeof(*out));
 	out->session = sbx_xstrdup(session);
@@ -950,7 +912,7 @@ static void fill_info(struct sbx_sandbox_info *out, const char *session,
 	out->workdir = sbx_xstrdup(c->workdir);
 	out->isolation = sbx_xstrdup("modal");
 	out->remote = true;
-	out->state = finished ? SBX_STATE_ERROR : SBX_STATE_READY;
+	out->state = SBX_STATE_READY;
 	out->extra = cJSON_CreateObject();
 	if (!out->extra)
 		abort();
@@ -968,7 +930,9 @@ static void fill_info(struct sbx_sandbox_info *out, const char *session,
 						? finished->exception
 						: "");
 
-		sbx_json_set_str(out->extra, "error", m);
+		pcommon_info_failed(out, gone ? "NotFound"
+					      : result_name(finished),
+				    gone, m);
 		free(m);
 	}
 }
@@ -1008,7 +972,7 @@ static int pmodal_create(struct sbx_provider *p,
 	}
 	if (rc == 0)
 		fill_info(out, o->session, &mp->cfg, pin.sandbox_id, NULL,
-			  m.env);
+			  m.env, false);
 	pin_fini(&pin);
 	free(app_id);
 	free(image_id);
@@ -1059,10 +1023,12 @@ static int pmodal_get(struct sbx_provider *p, const char *session,
 		gone.status =
 			MODAL__CLIENT__GENERIC_RESULT__GENERIC_STATUS__GENERIC_STATUS_TERMINATED;
 		gone.exception = "it no longer exists";
-		fill_info(out, session, &mp->cfg, pin.sandbox_id, &gone, m.env);
+		fill_info(out, session, &mp->cfg, pin.sandbox_id, &gone, m.env,
+			  true);
 		rc = 0;
 	} else if (rc == 0) {
-		fill_info(out, session, &mp->cfg, pin.sandbox_id, r, m.env);
+		fill_info(out, session, &mp->cfg, pin.sandbox_id, r, m.env,
+			  false);
 	}
 	FREE_MSG(r);
 	pin_fini(&pin);
@@ -1114,7 +1080,8 @@ static int pmodal_list(struct sbx_provider *p, sbx_list_cb cb, void *payload)
 					sess = s->tags[t]->tag_value;
 			if (!sess)
 				continue;
-			fill_info(&info, sess, &mp->cfg, s->id, NULL, m.env);
+			fill_info(&info, sess, &mp->cfg, s->id, NULL, m.env,
+				  false);
 			rc = cb(&info, payload);
 			sbx_sandbox_info_fini(&info);
 		}
@@ -1197,31 +1164,6 @@ static int find_by_tag(struct pmodal_provider *mp, const char *session,
 }
 
 /* ---- snapshots: filesystem images, recorded under $SBX_HOME ------------------ */
-
-static int snap_path(char **out, const char *session, const char *id)
-{
-	const char *slash = strchr(id, '/');
-	char *sess = slash ? sbx_xstrndup(id, (size_t)(slash - id))
-			   : sbx_xstrdup(session);
-	const char *bare = slash ? slash + 1 : id;
-	char *sub = NULL;
-	int rc;
-
-	*out = NULL;
-	if (!*bare || strchr(bare, '/') || bare[0] == '.' ||
-	    sbx_name_validate(sess) < 0) {
-		sbx_error_clear();
-		free(sess);
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "bad snapshot id '%s' (use an id from "
-				     "`sbx snapshots`, or SESSION/ID)", id);
-	}
-	sub = sbx_xasprintf("modal/snapshots/%s", sess);
-	rc = sbx_paths_session_file(out, sub, bare, ".json");
-	free(sub);
-	free(sess);
-	return rc;
-}
 
 /* The filesystem snapshot of a running sandbox: an image id. */
 static int snapshot_image(struct mchan *m, const struct mcfg *c,
@@ -1323,9 +1265,8 @@ static int take_snapshot(struct pmodal_provider *mp, const char *session,
 {
 	struct mchan m;
 	struct pin pin;
-	char id[64], stamp[32], r[5], when[40], *image = NULL, *path = NULL;
+	char id[40], *image = NULL;
 	time_t now = time(NULL);
-	struct tm tm;
 	int rc;
 
 	*id_out = NULL;
@@ -1334,31 +1275,18 @@ static int take_snapshot(struct pmodal_provider *mp, const char *session,
 		return rc;
 	rc = snapshot_image(&m, &mp->cfg, pin.sandbox_id, &image);
 	if (rc == 0) {
-		cJSON *j = cJSON_CreateObject();
-		char *text;
+		cJSON *f = cJSON_CreateObject();
 
-		gmtime_r(&now, &tm);
-		strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
-		rand_hex(r, 2);
-		snprintf(id, sizeof(id), "%s-%s", stamp, r);
-		sbx_json_set_str(j, "id", id);
-		sbx_json_set_str(j, "image_id", image);
-		sbx_json_set_str(j, "session", session);
-		sbx_json_set_str(j, "message", message ? message : "");
-		sbx_json_set_str(j, "created_at",
-				 sbx_json_time_format(when, sizeof(when), now));
-		text = sbx_json_print(j, true);
-		cJSON_Delete(j);
-		rc = snap_path(&path, session, id);
-		if (rc == 0)
-			rc = sbx_file_write_atomic(path, text, strlen(text),
-						   0600);
-		free(text);
+		if (!f)
+			abort();
+		sbx_json_set_str(f, "image_id", image);
+		pcommon_snap_new_id(id, now);
+		rc = pcommon_snap_record(SECTION, session, id, message, now, f);
+		cJSON_Delete(f);
 		if (rc == 0)
 			*id_out = sbx_xstrdup(id);
 	}
 	free(image);
-	free(path);
 	pin_fini(&pin);
 	mchan_close(&m);
 	return rc;
@@ -1370,58 +1298,10 @@ static int pmodal_snapshot(struct sbx_provider *p, const char *session,
 	return take_snapshot(MP(p), session, message, id_out);
 }
 
-static int by_name_desc(const struct dirent **a, const struct dirent **b)
-{
-	return strcmp((*b)->d_name, (*a)->d_name);
-}
-
 static int pmodal_snapshots(struct sbx_provider *p, const char *session,
 			    sbx_snapshot_cb cb, void *payload)
 {
-	struct dirent **ents = NULL;
-	char *sub = sbx_xasprintf("modal/snapshots/%s", session);
-	char *dir = NULL;
-	int n, rc = sbx_paths_subdir(&dir, sub);
-
-	free(sub);
-	if (rc < 0)
-		return rc;
-	n = scandir(dir, &ents, NULL, by_name_desc);
-	if (n < 0) {
-		rc = sbx_error_os("snapshots of %s: %s", session, dir);
-		free(dir);
-		return rc;
-	}
-	for (int i = 0; i < n; i++) {
-		const char *name = ents[i]->d_name;
-		size_t l = strlen(name);
-
-		if (rc == 0 && l > 5 && !strcmp(name + l - 5, ".json")) {
-			char *path = sbx_xasprintf("%s/%s", dir, name);
-			cJSON *j = NULL;
-
-			if (sbx_json_parse_file(&j, path, 1 << 20) == 0 &&
-			    sbx_json_str(j, "id")) {
-				struct sbx_snapshot_info si = {
-					.id = sbx_json_str(j, "id"),
-					.message = sbx_json_str(j, "message"),
-				};
-				const char *t = sbx_json_str(j, "created_at");
-
-				if (t && sbx_json_time_parse(&si.created_at,
-							     t) < 0)
-					si.created_at = 0;
-				rc = cb(&si, payload);
-			}
-			sbx_error_clear();
-			cJSON_Delete(j);
-			free(path);
-		}
-		free(ents[i]);
-	}
-	free(ents);
-	free(dir);
-	return rc < 0 ? rc : 0;
+	return pcommon_snap_list(SECTION, session, cb, payload);
 }
 
 /*
@@ -1435,20 +1315,13 @@ static int pmodal_restore(struct sbx_provider *p, const char *session,
 	struct pmodal_provider *mp = MP(p);
 	struct mchan m;
 	struct pin pin, fresh = {0};
-	char *path = NULL, *saved = NULL;
+	char *saved = NULL;
 	cJSON *j = NULL;
 	int rc;
 
 	if (saved_out)
 		*saved_out = NULL;
-	rc = snap_path(&path, session, id);
-	if (rc == 0)
-		rc = sbx_json_parse_file(&j, path, 1 << 20);
-	if (rc == -ENOENT)
-		rc = sbx_error_set(SBX_ERR_NOTFOUND, -ENOENT,
-				   "no snapshot '%s' of session %s (see `sbx "
-				   "snapshots %s`)", id, session, session);
-	free(path);
+	rc = pcommon_snap_read(&j, SECTION, session, id);
 	if (rc < 0)
 		return rc;
 	if (!sbx_json_str(j, "image_id")) {
@@ -1490,6 +1363,40 @@ static int pmodal_restore(struct sbx_provider *p, const char *session,
 	return 0;
 }
 
+/*
+ * 1 (and *why, malloc'd) when the session's sandbox has ended, 0 when it
+ * runs, < 0 when that cannot be told.
+ */
+static int sandbox_ended(struct pmodal_provider *mp, const char *session,
+			 char **why)
+{
+	struct mchan m;
+	struct pin pin;
+	GResult *r = NULL;
+	int rc;
+
+	*why = NULL;
+	rc = session_sandbox(mp, session, &m, &pin);
+	if (rc < 0)
+		return rc;
+	rc = sandbox_result(&m, pin.sandbox_id, 0, &r);
+	if (rc == -ENOENT) {
+		*why = sbx_xasprintf("Modal sandbox %s no longer exists",
+				     pin.sandbox_id);
+		rc = 1;
+	} else if (rc == 0 && r) {
+		*why = sbx_xasprintf("Modal sandbox %s ended (%s%s%s)",
+				     pin.sandbox_id, result_name(r),
+				     r->exception && *r->exception ? ": " : "",
+				     r->exception ? r->exception : "");
+		rc = 1;
+	}
+	FREE_MSG(r);
+	pin_fini(&pin);
+	mchan_close(&m);
+	return rc;
+}
+
 static int pmodal_terminate(struct sbx_provider *p, const char *session,
 			    unsigned flags)
 {
@@ -1501,20 +1408,35 @@ static int pmodal_terminate(struct sbx_provider *p, const char *session,
 
 	/* The sandbox's files end with it: keep a snapshot unless forced. */
 	if (!(flags & SBX_TERMINATE_FORCE)) {
-		rc = take_snapshot(mp, session, "before sbx down", &saved);
-		if (rc == -ENXIO || rc == -ENOENT) {
-			sbx_error_clear();
-		} else if (rc < 0) {
-			return sbx_error_prefix(rc, "not ending the Modal "
-						"sandbox of session %s: could "
-						"not snapshot it first (use "
-						"--force to end it anyway)",
-						session);
+		char *why = NULL;
+
+		/* One that has ended has nothing left to snapshot. */
+		rc = sandbox_ended(mp, session, &why);
+		if (rc == 1) {
+			pcommon_report_nothing_saved(session,
+						     "the Modal sandbox", why);
+			free(why);
 		} else {
-			fprintf(stderr, "sbx: saved the files of %s as "
-				"snapshot %s\n", session, saved);
+			sbx_error_clear();
+			rc = take_snapshot(mp, session, "before sbx down",
+					   &saved);
+			if (rc == -ENXIO || rc == -ENOENT) {
+				pcommon_report_nothing_saved(
+					session, "the Modal sandbox",
+					sbx_error_last()->msg);
+				sbx_error_clear();
+			} else if (rc < 0) {
+				return sbx_error_prefix(
+					rc, "not ending the Modal sandbox of "
+					"session %s: could not snapshot it "
+					"first (use --force to end it anyway)",
+					session);
+			} else {
+				fprintf(stderr, "sbx: saved the files of %s as "
+					"snapshot %s\n", session, saved);
+			}
+			free(saved);
 		}
-		free(saved);
 	}
 	rc = pin_load(&pin, session);
 	if (rc < 0)

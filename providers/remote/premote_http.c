@@ -1,13 +1,14 @@
 /*
  * The libcurl layer of the remote provider; see premote_i.h.
  *
- * Pool.  Easy handles are taken from a mutex-protected free list for one
+ * Pool.  Easy handles are taken from the pool of sbx/http.h for one
  * request and given back after it (created on demand, so there are as
  * many as there are concurrent callers: FUSE workers, the watch thread,
- * exec threads).  They share connections, DNS and TLS sessions through a
- * CURLSH, so a request reuses whichever kept-alive connection is idle.  A
- * handle is never shared by two threads at once.  No thread-local state:
- * the daemon forks from the CLI, and each process builds its own pool.
+ * exec threads).  They share DNS and TLS sessions; each keeps its own
+ * kept-alive connection (libcurl does not support a connection cache
+ * shared across threads).  A handle is never shared by two threads at
+ * once.  No thread-local state: the daemon forks from the CLI, and each
+ * process builds its own pool.
  *
  * Requests are HTTP/1.1 (the agent is libmicrohttpd) with TCP_NODELAY and
  * keep-alive probes.  "Expect: 100-continue" is suppressed: it would cost
@@ -36,6 +37,7 @@
 #include <curl/curl.h>
 
 #include "sbx/buf.h"
+#include "sbx/http.h"
 #include "sbx/json.h"
 #include "sbx/proto.h"
 #include "sbx/xmalloc.h"
@@ -50,13 +52,10 @@ struct premote_http {
 	char *ca_file;
 	bool insecure;
 	const struct premote_auth *auth; /* borrowed; NULL: none */
+	char *peer;        /* who answers at base (premote_config.peer) */
 
-	CURLSH *share;
-	pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
-
-	pthread_mutex_t pool_lock;
-	CURL **idle;       /* protected by pool_lock */
-	size_t nidle, cap;
+	struct sbx_http_pool *pool;
+	pthread_mutex_t pool_lock; /* the circuit breaker below */
 
 	/*
 	 * Circuit breaker: after a request got no answer at all (connect
@@ -103,41 +102,13 @@ static int check_down(struct premote_http *h, const struct premote_req *r)
 	pthread_mutex_lock(&h->pool_lock);
 	if (h->down_until && now_ms() < h->down_until)
 		rc = sbx_error_set(SBX_ERR_HTTP, h->down_rc,
-				   "%s %s: not sent: the agent did not answer "
-				   "the last request (%s); trying again in at "
+				   "%s %s: not sent: %s did not answer the "
+				   "last request (%s); trying again in at "
 				   "most %lld ms", r->method, r->route,
+				   h->peer ? h->peer : "the agent",
 				   h->down_msg, h->down_until - now_ms());
 	pthread_mutex_unlock(&h->pool_lock);
 	return rc;
-}
-
-/* ---- global init ---------------------------------------------------------- */
-
-static pthread_once_t global_once = PTHREAD_ONCE_INIT;
-static CURLcode global_rc;
-
-static void global_init(void)
-{
-	global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-/* ---- share locks ---------------------------------------------------------- */
-
-static void share_lock(CURL *e, curl_lock_data data, curl_lock_access a,
-		       void *userp)
-{
-	struct premote_http *h = userp;
-
-	if (data >= 0 && data < CURL_LOCK_DATA_LAST)
-		pthread_mutex_lock(&h->share_locks[data]);
-}
-
-static void share_unlock(CURL *e, curl_lock_data data, void *userp)
-{
-	struct premote_http *h = userp;
-
-	if (data >= 0 && data < CURL_LOCK_DATA_LAST)
-		pthread_mutex_unlock(&h->share_locks[data]);
 }
 
 /* ---- construction --------------------------------------------------------- */
@@ -146,14 +117,15 @@ int premote_http_new(struct premote_http **out,
 		     const struct premote_config *cfg, const char *token)
 {
 	struct premote_http *h;
+	struct sbx_http_pool *pool = NULL;
+	int rc;
 
 	*out = NULL;
-	pthread_once(&global_once, global_init);
-	if (global_rc != CURLE_OK)
-		return sbx_error_setd(SBX_ERR_HTTP, -EIO, global_rc,
-				      "cannot initialise libcurl: %s",
-				      curl_easy_strerror(global_rc));
+	rc = sbx_http_pool_new(&pool);
+	if (rc < 0)
+		return rc;
 	h = sbx_xcalloc(1, sizeof(*h));
+	h->pool = pool;
 	h->base = sbx_xstrdup(cfg->url);
 	h->token_hdr = token ? sbx_xasprintf("%s: %s", SBX_HDR_TOKEN, token)
 			     : NULL;
@@ -168,19 +140,8 @@ int premote_http_new(struct premote_http **out,
 	h->ca_file = cfg->ca_file ? sbx_xstrdup(cfg->ca_file) : NULL;
 	h->insecure = cfg->insecure;
 	h->auth = cfg->auth;
-	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
-		pthread_mutex_init(&h->share_locks[i], NULL);
+	h->peer = cfg->peer ? sbx_xstrdup(cfg->peer) : NULL;
 	pthread_mutex_init(&h->pool_lock, NULL);
-	h->share = curl_share_init();
-	if (!h->share)
-		abort(); /* out of memory, as sbx_xmalloc */
-	curl_share_setopt(h->share, CURLSHOPT_LOCKFUNC, share_lock);
-	curl_share_setopt(h->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
-	curl_share_setopt(h->share, CURLSHOPT_USERDATA, h);
-	curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-	curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
-	curl_share_setopt(h->share, CURLSHOPT_SHARE,
-			  CURL_LOCK_DATA_SSL_SESSION);
 	*out = h;
 	return 0;
 }
@@ -189,14 +150,7 @@ void premote_http_free(struct premote_http *h)
 {
 	if (!h)
 		return;
-	/* Handles first: they hold references into the share. */
-	for (size_t i = 0; i < h->nidle; i++)
-		curl_easy_cleanup(h->idle[i]);
-	free(h->idle);
-	if (h->share)
-		curl_share_cleanup(h->share);
-	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
-		pthread_mutex_destroy(&h->share_locks[i]);
+	sbx_http_pool_free(h->pool);
 	pthread_mutex_destroy(&h->pool_lock);
 	if (h->token_hdr) {
 		/* Do not leave the token in freed memory. */
@@ -205,6 +159,7 @@ void premote_http_free(struct premote_http *h)
 	}
 	free(h->base);
 	free(h->ca_file);
+	free(h->peer);
 	free(h);
 }
 
@@ -220,57 +175,19 @@ long premote_http_timeout_ms(const struct premote_http *h)
 
 static CURL *pool_get(struct premote_http *h)
 {
-	CURL *e = NULL;
-
-	pthread_mutex_lock(&h->pool_lock);
-	if (h->nidle)
-		e = h->idle[--h->nidle];
-	pthread_mutex_unlock(&h->pool_lock);
-	if (!e) {
-		e = curl_easy_init();
-		if (!e)
-			abort(); /* out of memory */
-	}
-	return e;
+	return sbx_http_pool_get(h->pool);
 }
 
 static void pool_put(struct premote_http *h, CURL *e)
 {
-	/* Options go; the share (and its connections) stays. */
-	curl_easy_reset(e);
-	pthread_mutex_lock(&h->pool_lock);
-	if (h->nidle == h->cap) {
-		h->cap = h->cap ? h->cap * 2 : 16;
-		h->idle = sbx_xrealloc(h->idle, h->cap * sizeof(*h->idle));
-	}
-	h->idle[h->nidle++] = e;
-	pthread_mutex_unlock(&h->pool_lock);
+	sbx_http_pool_put(h->pool, e);
 }
 
 /* ---- errors --------------------------------------------------------------- */
 
 int premote_errno_from_curl(int code)
 {
-	switch ((CURLcode)code) {
-	case CURLE_OK:
-		return 0;
-	case CURLE_OPERATION_TIMEDOUT:
-		return -ETIMEDOUT;
-	case CURLE_COULDNT_CONNECT:
-		return -ECONNREFUSED;
-	case CURLE_COULDNT_RESOLVE_HOST:
-	case CURLE_COULDNT_RESOLVE_PROXY:
-		return -EHOSTUNREACH;
-	case CURLE_SEND_ERROR:
-	case CURLE_RECV_ERROR:
-	case CURLE_GOT_NOTHING:
-	case CURLE_PARTIAL_FILE:
-		return -ECONNRESET;
-	case CURLE_ABORTED_BY_CALLBACK:
-		return -ECANCELED;
-	default:
-		return -EIO;
-	}
+	return sbx_errno_from_curl(code); /* the one mapping (sbx/http.h) */
 }
 
 bool premote_errno_is_transport(int rc)
@@ -612,9 +529,8 @@ static void setup(struct xfer *x, const char *url, struct curl_slist *hdrs,
 	const struct premote_req *r = x->req;
 	CURL *e = x->e;
 
+	/* The pool set the share, NOSIGNAL and the User-Agent. */
 	curl_easy_setopt(e, CURLOPT_URL, url);
-	curl_easy_setopt(e, CURLOPT_SHARE, h->share);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -678,14 +594,11 @@ static void setup(struct xfer *x, const char *url, struct curl_slist *hdrs,
 		}
 	} else if (!strcmp(r->method, "GET")) {
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
-	} else if (!strcmp(r->method, "POST") || !strcmp(r->method, "PUT")) {
-		curl_easy_setopt(e, CURLOPT_POST, 1L);
-		curl_easy_setopt(e, CURLOPT_POSTFIELDS,
-				 r->body ? r->body : "");
-		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
-				 (curl_off_t)(r->body ? r->body_len : 0));
-		if (!strcmp(r->method, "PUT"))
-			curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "PUT");
+	} else if (r->body || !strcmp(r->method, "POST") ||
+		   !strcmp(r->method, "PUT")) {
+		/* Any method with a body: DELETE carries DeleteOptions. */
+		sbx_http_set_body(e, r->method, r->body,
+				  r->body ? r->body_len : 0);
 	} else {
 		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
 	}
@@ -718,12 +631,29 @@ static void excerpt(char *out, size_t size, const struct sbx_buf *b)
 static int answer_error(struct premote_http *h, const struct premote_req *r,
 			struct premote_resp *resp, const char *url)
 {
-	char ctx[512], text[256];
+	char ctx[512], text[400];
 	cJSON *j;
 	int rc;
 
 	if (!resp->agent) {
-		excerpt(text, sizeof(text), &resp->body);
+		const char *smsg;
+
+		/* A Kubernetes Status object: its message, whole. */
+		j = cJSON_ParseWithLength(sbx_buf_ptr(&resp->body),
+					  sbx_buf_len(&resp->body));
+		smsg = cJSON_IsObject(j) ? sbx_json_str(j, "message") : NULL;
+		if (smsg)
+			snprintf(text, sizeof(text), "%s", smsg);
+		else
+			excerpt(text, sizeof(text), &resp->body);
+		cJSON_Delete(j);
+		if (h->peer)
+			return sbx_error_setd(SBX_ERR_HTTP, -EIO, resp->status,
+					      "%s answered instead of the "
+					      "agent: HTTP %ld%s%s (%s %s)",
+					      h->peer, resp->status,
+					      *text ? ": " : "", text,
+					      r->method, r->route);
 		return sbx_error_setd(SBX_ERR_HTTP, -EIO, resp->status,
 				      "a proxy answered for the agent at %s: "
 				      "HTTP %ld%s%s (%s %s)",
@@ -883,8 +813,16 @@ again:
 					    url);
 		else if (c == CURLE_OPERATION_TIMEDOUT)
 			rc = sbx_error_setd(SBX_ERR_HTTP, rc, c,
-					    "%s %s: no answer from the agent "
-					    "in time (%s)", req->method, url,
+					    "%s %s: no answer from %s in time "
+					    "(%s)", req->method, url,
+					    h->peer ? h->peer : "the agent",
+					    *errbuf ? errbuf
+						    : curl_easy_strerror(c));
+		else if ((rc == -ECONNREFUSED || rc == -EHOSTUNREACH) &&
+			 h->peer)
+			rc = sbx_error_setd(SBX_ERR_HTTP, rc, c,
+					    "cannot reach %s (%s %s): %s",
+					    h->peer, req->method, req->route,
 					    *errbuf ? errbuf
 						    : curl_easy_strerror(c));
 		else if (rc == -ECONNREFUSED || rc == -EHOSTUNREACH)
@@ -894,6 +832,13 @@ again:
 					    h->base, req->method, req->route,
 					    *errbuf ? errbuf
 						    : curl_easy_strerror(c));
+		else if (h->peer)
+			rc = sbx_error_setd(SBX_ERR_HTTP, rc, c,
+					    "%s %s: %s (talking to %s)",
+					    req->method, req->route,
+					    *errbuf ? errbuf
+						    : curl_easy_strerror(c),
+					    h->peer);
 		else
 			rc = sbx_error_setd(SBX_ERR_HTTP, rc, c, "%s %s: %s",
 					    req->method, url,

@@ -29,7 +29,8 @@ is 401 Status "Unauthorized" (only /healthz, /livez, /readyz are open).
 
 Kubernetes API (errors are always Status objects with the matching code)
 ------------------------------------------------------------------------
-    GET  /version /api /apis /api/v1          discovery (openapi: 404)
+    GET  /version /api /apis /api/v1          discovery; /openapi/v2 without
+         schemas (protobuf or JSON), /openapi/v3 just enough for kubectl
     POST /api/v1/namespaces/NS/pods           201; generateName; 409; 422
     GET  /api/v1/namespaces/NS/pods[/NAME]    list (labelSelector,
          fieldSelector, limit, continue) / get; `Accept: ...;as=Table`
@@ -44,7 +45,15 @@ Kubernetes API (errors are always Status objects with the matching code)
     PATCH  .../pods/NAME                      merge patch (metadata/spec)
     PUT    .../pods/NAME                      labels/annotations/spec
     GET  .../pods/NAME/status                 the pod
-    GET  .../pods/NAME/log                    the agent's output (text)
+    GET  .../pods/NAME/log                    the container's output (text;
+         container=, tailLines=, previous= as the kubelet: an unknown
+         container is 400, previous without a restart is 400)
+    POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews
+                                              201 + the review with
+         status.allowed/denied/reason, decided by the forbid rules below
+         (resource "pods/proxy" = resource pods, subresource proxy); the
+         group is in discovery (/apis, /apis/authorization.k8s.io/v1) so
+         `kubectl auth can-i` works
     ANY  .../pods/NAME[:PORT]/proxy/PATH?Q    the pod proxy (see below)
     .../pods/NAME/exec                        400 (exec is not simulated)
 
@@ -53,7 +62,9 @@ PodScheduled=True (or False/Unschedulable when spec.nodeSelector has key
 `sbx.test/unschedulable`) → sandbox (podIP 10.244.x.y, startTime) → init
 containers (running, terminated Completed) → main container (the first of
 spec.containers) waiting ContainerCreating → by image name:
-`errimagepull` ErrImagePull then ImagePullBackOff; `invalidimage`
+`errimagepull` ErrImagePull then ImagePullBackOff; `crashstart` runs,
+writes a few lines to its log and terminates (exit 1, reason Error, with a
+termination message), so the pod is Failed; `invalidimage`
 InvalidImageName; `crashloop` running, terminated (exit 1), CrashLoopBackOff
 with restartCount; `badconfig` CreateContainerConfigError (also an env
 valueFrom secretKeyRef/configMapKeyRef that is not optional); otherwise the
@@ -100,15 +111,20 @@ forbidden by the rules below, not in the request log)
            "pods/proxy"|"*", "namespace"?, "user"?, "count"?}   → 403
     DELETE /fake/forbid                       clears every forbid rule
     POST   /fake/failures {"method"?: "GET"|"*", "path": regex (search on
-           the path without query), "code": 429|500|503|..., "count": N
+           the path without query), "query"?: regex (search on the query
+           string: "watch=" targets watches), "code": 429|500|503|..., "count": N
            (default 1), "retry_after"?: s, "message"?, "action"?:
            "status"|"close"|"delay", "delay"?: s}  → the next N matching
            requests answer CODE (429/503 with Retry-After), "close" drops
-           the connection, "delay" sleeps then serves normally
+           the connection, "delay" reads the request, sleeps, then serves
+           it normally (even when the client has given up meanwhile)
     DELETE /fake/failures                     clears injected failures
     GET    /fake/requests[?since=SEQ]         recorded requests: {"seq",
            "method","path","query","params","headers" (names, lower case),
-           "user","code","upstream_headers" (proxy: names sent to the agent)}
+           "user_agent","content_type","user","code","body" (API requests
+           with a body: the parsed JSON, else the text, at most 64 KiB;
+           not proxy requests), "upstream_headers" (proxy: names sent to
+           the agent)}
     DELETE /fake/requests                     clears the log
     GET    /fake/pods/NS/NAME                 internals: uid, agent pid/port/
            argv/env/root/log, container port, the received pod body
@@ -263,6 +279,89 @@ REASON_BY_CODE = {
     429: "TooManyRequests", 500: "InternalError",
     503: "ServiceUnavailable", 504: "Timeout",
 }
+
+
+def _pb_fields(buf):
+    """Protocol buffers wire format: (field, wiretype, value) tuples;
+    length-delimited values as bytes, varints as ints."""
+    i, out = 0, []
+    while i < len(buf):
+        key, shift = 0, 0
+        while True:
+            b = buf[i]
+            i += 1
+            key |= (b & 0x7f) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        field, wt = key >> 3, key & 7
+        if wt == 0:
+            v, shift = 0, 0
+            while True:
+                b = buf[i]
+                i += 1
+                v |= (b & 0x7f) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+        elif wt == 2:
+            n, shift = 0, 0
+            while True:
+                b = buf[i]
+                i += 1
+                n |= (b & 0x7f) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            v = bytes(buf[i:i + n])
+            i += n
+        elif wt == 1:
+            v = bytes(buf[i:i + 8])
+            i += 8
+        elif wt == 5:
+            v = bytes(buf[i:i + 4])
+            i += 4
+        else:
+            raise ValueError(f"wire type {wt}")
+        out.append((field, wt, v))
+    return out
+
+
+def decode_k8s_protobuf(raw):
+    """The apiserver's protobuf envelope ("k8s\\0" + runtime.Unknown) of
+    an authorization.k8s.io/v1 SelfSubjectAccessReview, as the JSON dict;
+    None for anything else."""
+    try:
+        if not raw.startswith(b"k8s\x00"):
+            return None
+        tm, body = {}, b""
+        for f, _, v in _pb_fields(raw[4:]):
+            if f == 1:
+                tm = {ff: vv.decode() for ff, _, vv in _pb_fields(v)}
+            elif f == 2:
+                body = v
+        if tm.get(1) != "authorization.k8s.io/v1" or \
+                tm.get(2) != "SelfSubjectAccessReview":
+            return None
+        spec = {}
+        names = {1: "namespace", 2: "verb", 3: "group", 4: "version",
+                 5: "resource", 6: "subresource", 7: "name"}
+        for f, _, v in _pb_fields(body):
+            if f != 2:
+                continue
+            for sf, _, sv in _pb_fields(v):
+                if sf == 1:
+                    spec["resourceAttributes"] = {
+                        names[k]: vv.decode() for k, _, vv in _pb_fields(sv)
+                        if k in names}
+                elif sf == 2:
+                    spec["nonResourceAttributes"] = {
+                        {1: "path", 2: "verb"}[k]: vv.decode()
+                        for k, _, vv in _pb_fields(sv) if k in (1, 2)}
+        return {"apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview", "spec": spec}
+    except (IndexError, ValueError, UnicodeDecodeError, KeyError):
+        return None
 
 
 def injected_error(code, message=None, retry_after=None):
@@ -1008,6 +1107,9 @@ class PodRuntime:
         if "crashloop" in low:
             self.crashloop(main)
             return
+        if "crashstart" in low:
+            self.crash_at_start(main)
+            return
         # 5. start the containers
         argv = (main.get("command") or []) + (main.get("args") or [])
         self.started_at = now_ts()
@@ -1091,6 +1193,30 @@ class PodRuntime:
                 return
             if self.stop.wait(max(0.5, self.server.step * 10)):
                 return
+
+    CRASH_MESSAGE = ("sbx-agent: cannot serve /workspace: Permission denied "
+                     "(the image runs as a user that may not write there)")
+
+    def crash_at_start(self, main):
+        """The main container starts, logs, and exits 1 with a
+        termination message (restartPolicy Never: the pod fails)."""
+        self.started_at = now_ts()
+
+        def running(p):
+            st = p["status"]
+            st["phase"] = "Running"
+            st["containerStatuses"][0] = self.cstatus(
+                main, {"running": {"startedAt": self.started_at}},
+                started=True, cid=True)
+        if not self.upd(running):
+            return
+        with open(self.log_path, "ab") as f:
+            for i in range(1, 31):
+                f.write(f"boot step {i}\n".encode())
+            f.write(b"fatal: " + self.CRASH_MESSAGE.encode() + b"\n")
+        if not self.sleep():
+            return
+        self.terminated(1, "Error", self.CRASH_MESSAGE)
 
     def resolve_env(self, c):
         env = {}
@@ -1686,6 +1812,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                   "application/vnd.kubernetes.protobuf")
             return None
         ctype = (self.headers.get("Content-Type") or "").lower()
+        if "protobuf" in ctype:
+            # kubectl sends built-in types of other groups as protobuf:
+            # the fake decodes the one it serves (SelfSubjectAccessReview).
+            doc = decode_k8s_protobuf(raw)
+            if doc is None:
+                raise ApiError(415, "UnsupportedMediaType",
+                               f'the body of the request was in an unknown '
+                               f'format - accepted media types include: '
+                               f'application/json, application/yaml (the '
+                               f'fake decodes protobuf for '
+                               f'SelfSubjectAccessReview only)')
+            return doc
         try:
             if "yaml" in ctype and yaml is not None:
                 return yaml.safe_load(raw)
@@ -1729,12 +1867,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     continue
                 if not re.search(f["path"], path):
                     continue
+                if f.get("query") and not re.search(f["query"], self.query):
+                    continue
                 f["count"] -= 1
                 f["hits"] += 1
                 return dict(f)
         return None
 
-    def check_forbidden(self, verb, resource, ns, name=None):
+    def forbid_rule(self, verb, resource, ns, consume):
+        """The forbid rule that denies verb on resource ("pods/proxy")
+        in ns to this user, or None.  `consume` counts a use."""
         user = self.user
         with self.server.rules_lock:
             for r in self.server.forbid:
@@ -1748,22 +1890,31 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     continue
                 if r.get("user") and r["user"] != user:
                     continue
-                if r.get("count") is not None:
+                if consume and r.get("count") is not None:
                     r["count"] -= 1
-                group, res = "", resource
-                what = f'{resource.split("/")[0]}'
-                if name:
-                    what += f' "{name}"'
-                scope = f' in the namespace "{ns}"' if ns else \
-                    " at the cluster scope"
-                details = {"kind": resource.split("/")[0]}
-                if name:
-                    details = {"name": name, "kind": resource.split("/")[0]}
-                raise ApiError(
-                    403, "Forbidden",
-                    f'{what} is forbidden: User "{user}" cannot {verb} '
-                    f'resource "{res}" in API group "{group}"{scope}',
-                    details)
+                return r
+        return None
+
+    def check_forbidden(self, verb, resource, ns, name=None, group=""):
+        user = self.user
+        if self.forbid_rule(verb, resource, ns, True) is None:
+            return
+        res = resource
+        what = f'{resource.split("/")[0]}'
+        if name:
+            what += f' "{name}"'
+        scope = f' in the namespace "{ns}"' if ns else \
+            " at the cluster scope"
+        details = {"kind": resource.split("/")[0]}
+        if name:
+            details = {"name": name, "kind": resource.split("/")[0]}
+        if group:
+            details["group"] = group
+        raise ApiError(
+            403, "Forbidden",
+            f'{what} is forbidden: User "{user}" cannot {verb} '
+            f'resource "{res}" in API group "{group}"{scope}',
+            details)
 
     def dispatch(self):
         self.body_read = False
@@ -1776,6 +1927,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                       "query": query,
                       "params": self.params,
                       "headers": sorted({k.lower() for k in self.headers.keys()}),
+                      "user_agent": self.headers.get("User-Agent"),
+                      "content_type": self.headers.get("Content-Type"),
                       "user": None, "code": None, "time": time.time()}
         is_fake = raw_path.startswith("/fake/")
         if not is_fake:
@@ -1804,6 +1957,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "Internal error occurred: fake apiserver crashed"))
             except OSError:
                 pass
+        if not is_fake and self.body_read and self.body and \
+                "/proxy" not in raw_path:
+            raw = self.body[:65536]
+            try:
+                self.entry["body"] = json.loads(raw)
+            except ValueError:
+                self.entry["body"] = decode_k8s_protobuf(raw) or \
+                    raw.decode(errors="replace")
         log(f"{self.command} {self.path} -> {self.entry.get('code')} "
             f"({self.entry.get('user')})")
 
@@ -1835,6 +1996,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     pass
                 return
             if f["action"] == "delay":
+                # A slow server has the request already: it carries it
+                # out after the delay even if the client gave up.
+                if self.command in ("POST", "PUT", "PATCH", "DELETE"):
+                    self.read_body()
                 time.sleep(f["delay"])
             else:
                 raise injected_error(f["code"], f.get("message"),
@@ -1854,9 +2019,40 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     {"clientCIDR": "0.0.0.0/0", "serverAddress": host}]})
         if parts == ["apis"] and m == "GET":
             return self.send_json(200, {"kind": "APIGroupList",
-                                        "apiVersion": "v1", "groups": []})
+                                        "apiVersion": "v1",
+                                        "groups": [AUTHZ_GROUP]})
+        if parts == ["apis", "authorization.k8s.io"] and m == "GET":
+            return self.send_json(200, dict(AUTHZ_GROUP, kind="APIGroup",
+                                            apiVersion="v1"))
+        if parts == ["apis", "authorization.k8s.io", "v1"] and m == "GET":
+            return self.send_json(200, AUTHZ_RESOURCES)
+        if parts == ["apis", "authorization.k8s.io", "v1",
+                     "selfsubjectaccessreviews"]:
+            if m != "POST":
+                raise method_not_allowed()
+            return self.access_review()
         if parts == ["api", "v1"] and m == "GET":
             return self.send_json(200, API_RESOURCES)
+        if parts == ["openapi", "v2"] and m == "GET":
+            # No schemas (kubectl <= 1.26 then skips client-side
+            # validation of the kinds it finds none for): as protobuf
+            # (an empty gnostic Document is zero bytes) when asked so.
+            acc = self.headers.get("Accept") or ""
+            if "protobuf" in acc:
+                self.send_response(200)
+                # (kube-openapi answers the deprecated "...v2@v1.0+"
+                # request with the dotted form)
+                self.send_header("Content-Type",
+                                 "application/com.github.proto-openapi."
+                                 "spec.v2.v1.0+protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                self.entry["code"] = 200
+                return
+            return self.send_json(200, {
+                "swagger": "2.0", "info": {"title": "Kubernetes (sbx fake)",
+                                           "version": "v1.32.4"},
+                "paths": {}, "definitions": {}})
         if parts == ["openapi", "v3"] and m == "GET":
             return self.send_json(200, {"paths": {"api/v1": {
                 "serverRelativeURL": "/openapi/v3/api/v1?hash=SBXFAKE1"}}})
@@ -1866,6 +2062,51 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.core(parts[2:])
         raise ApiError(404, "NotFound",
                        "the server could not find the requested resource", {})
+
+    # -- authorization.k8s.io --
+    def access_review(self):
+        """SelfSubjectAccessReview: may the caller do this?  Decided by
+        the forbid rules (RBAC as the fake simulates it)."""
+        self.check_forbidden("create", "selfsubjectaccessreviews", None,
+                             group="authorization.k8s.io")
+        b = self.body_json()
+        if not isinstance(b, dict) or \
+                b.get("kind", "SelfSubjectAccessReview") != \
+                "SelfSubjectAccessReview":
+            raise bad_request("the body must be a SelfSubjectAccessReview")
+        spec = b.get("spec") or {}
+        ra, nra = spec.get("resourceAttributes"), \
+            spec.get("nonResourceAttributes")
+        if (ra is None) == (nra is None):
+            raise ApiError(
+                422, "Invalid",
+                'SelfSubjectAccessReview.authorization.k8s.io "" is '
+                'invalid: spec.resourceAttributes: Invalid value: '
+                '"null": exactly one of nonResourceAttributes or '
+                'resourceAttributes must be specified',
+                {"group": "authorization.k8s.io",
+                 "kind": "SelfSubjectAccessReview",
+                 "causes": [{"reason": "FieldValueInvalid",
+                             "message": "Invalid value: \"null\": exactly "
+                             "one of nonResourceAttributes or "
+                             "resourceAttributes must be specified",
+                             "field": "spec.resourceAttributes"}]})
+        status = {"allowed": True}
+        if ra is not None:
+            res = ra.get("resource") or ""
+            if ra.get("subresource"):
+                res += "/" + ra["subresource"]
+            rule = None
+            if (ra.get("group") or "") == "":
+                rule = self.forbid_rule(ra.get("verb") or "", res,
+                                        ra.get("namespace") or None, False)
+            if rule is not None:
+                status = {"allowed": False}
+        out = {"kind": "SelfSubjectAccessReview",
+               "apiVersion": "authorization.k8s.io/v1",
+               "metadata": {"creationTimestamp": None},
+               "spec": spec, "status": status}
+        self.send_json(201, out)
 
     # -- /api/v1 --
     def core(self, rest):
@@ -2349,18 +2590,55 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              "items": items})
 
     def pod_log(self, ns, name):
+        """As the API server relays the kubelet: container= (required
+        when the pod has several containers), tailLines=, previous=."""
         self.check_forbidden("get", "pods/log", ns, name)
         pod = self.server.store.get((ns, name))
         if pod is None:
             raise not_found(name)
+        spec = pod.get("spec") or {}
+        mains = [c.get("name") for c in spec.get("containers") or []]
+        inits = [c.get("name") for c in spec.get("initContainers") or []]
+        want = self.params.get("container", [None])[0]
+        if not want:
+            if len(mains) != 1:
+                raise bad_request(
+                    f"a container name must be specified for pod {name}, "
+                    f"choose one of: [{' '.join(mains)}] or one of the "
+                    f"init containers: [{' '.join(inits)}]")
+            want = mains[0]
+        if want not in mains and want not in inits:
+            raise bad_request(f"container {want} is not valid for pod "
+                              f"{name}")
+        st = pod.get("status") or {}
+        statuses = (st.get("containerStatuses") or []) + \
+            (st.get("initContainerStatuses") or [])
+        cs = next((c for c in statuses if c.get("name") == want), None)
+        if self.params.get("previous", ["false"])[0] in ("true", "1"):
+            if not cs or not (cs.get("lastState") or {}).get("terminated"):
+                raise bad_request(f'previous terminated container "{want}" '
+                                  f'in pod "{name}" not found')
+        waiting = ((cs or {}).get("state") or {}).get("waiting")
+        if cs is None or waiting:
+            raise bad_request(
+                f'container "{want}" in pod "{name}" is waiting to start: '
+                f'{(waiting or {}).get("reason") or "ContainerCreating"}')
         rt = self.server.runtime(pod)
         data = b""
-        if rt is not None:
+        if rt is not None and want == mains[0]:
             try:
                 with open(rt.log_path, "rb") as f:
                     data = f.read()
             except OSError:
                 pass
+        tail = self.params.get("tailLines", [None])[0]
+        if tail is not None:
+            try:
+                n = int(tail)
+            except ValueError:
+                raise bad_request(f'invalid tailLines "{tail}"')
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-n:]) if n > 0 else b""
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(data)))
@@ -2669,8 +2947,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     re.compile(b.get("path", ".*"))
                 except re.error as e:
                     raise bad_request(f"bad path regex: {e}")
+                try:
+                    re.compile(b.get("query") or "")
+                except re.error as e:
+                    raise bad_request(f"bad query regex: {e}")
                 f = {"method": (b.get("method") or "*").upper(),
                      "path": b.get("path", ".*"),
+                     "query": b.get("query"),
                      "code": int(b.get("code", 500)),
                      "count": int(b.get("count", 1)),
                      "retry_after": b.get("retry_after"),
@@ -2736,6 +3019,23 @@ def method_not_allowed():
                     "the server does not allow this method on the requested "
                     "resource", {})
 
+
+AUTHZ_GROUP = {
+    "name": "authorization.k8s.io",
+    "versions": [{"groupVersion": "authorization.k8s.io/v1", "version": "v1"}],
+    "preferredVersion": {"groupVersion": "authorization.k8s.io/v1",
+                         "version": "v1"},
+}
+
+AUTHZ_RESOURCES = {
+    "kind": "APIResourceList", "apiVersion": "v1",
+    "groupVersion": "authorization.k8s.io/v1",
+    "resources": [
+        {"name": "selfsubjectaccessreviews", "singularName":
+         "selfsubjectaccessreview", "namespaced": False,
+         "kind": "SelfSubjectAccessReview", "verbs": ["create"]},
+    ],
+}
 
 API_RESOURCES = {
     "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1",

@@ -101,7 +101,9 @@ SandboxCreate           app, image (built; waits for a running build),
       * anything else: simulated as a process running until terminated.
     Image names (the FROM image) containing `neverready`: never scheduled
     (no task id, no tunnels, until terminate/timeout); `crash`: the
-    entrypoint exits with 1 right after scheduling (FAILURE, exitcode 1).
+    entrypoint exits with 1 right after scheduling (FAILURE, exitcode 1);
+    `crashlog`: the same after writing 9 log lines, whose tail is the
+    exception (as when the agent exits by itself).
     The agent exiting by itself: SUCCESS (0) or FAILURE (exitcode);
     timeout_secs: TIMEOUT; SandboxTerminate: TERMINATED.
 SandboxGetTaskId        long poll up to `timeout` (none: answers at once)
@@ -1334,6 +1336,16 @@ class Fake:
             sb.scheduled_at = time.time()
             self.tasks[sb.task_id] = sb
             self.cv.notify_all()
+        if "crashlog" in base:
+            # As the agent's own exit: the log's tail is the exception.
+            for i in range(1, 9):
+                self.alog(sb, f"start step {i}")
+            self.alog(sb, "fatal: cannot serve /workspace: Permission "
+                      "denied")
+            tail = open(sb.log_path, errors="replace").read()[-500:]
+            self.finish_sb(sb, "FAILURE", 1, "Sandbox entrypoint exited "
+                           f"with code 1: {tail.strip()}")
+            return
         if "crash" in base:
             self.alog(sb, "entrypoint crashed at start (simulated)")
             self.finish_sb(sb, "FAILURE", 1,

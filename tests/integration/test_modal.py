@@ -30,8 +30,10 @@ def menv(sbx_env, modal_fake):
         sbx_env.sbx("down", name, "--force", timeout=120)
 
 
-def up(env, name, *extra, check=True):
-    r = env.sbx("up", name, "--provider", "modal", *extra, timeout=180)
+def up(env, name, *extra, check=True, cwd=None):
+    # Outside any repository: nothing is sent into the sandbox unless asked.
+    r = env.sbx("up", name, "--provider", "modal", *extra, timeout=180,
+                cwd=cwd or env.root)
     if check:
         assert r.rc == 0, f"{r}\n{env.log_tail(name)}"
     return r
@@ -177,3 +179,137 @@ def test_gc_by_tag(menv, modal_fake):
     assert r.rc == 0, r
     r = menv.sbx("gc", "--provider", "modal", "--dry-run")
     assert "orphaned" not in r.out
+
+
+# -- issue 12: the failures a user meets, fixed once in the shared core --
+
+
+def test_status_ls_report_ended_and_unreachable(menv, modal_fake):
+    """Item 4: a sandbox that ended is SandboxError with its reason in
+    status and ls alike; a Modal API that cannot be reached is "unknown"
+    with the real class, and status fails."""
+    up(menv, "mended")
+    up(menv, "mok")
+    sid = menv.sbx("status", "mended", "--json").json()["sandbox_id"]
+    modal_fake.control("POST", f"/sandboxes/{sid}/kill", {})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        st = menv.sbx("status", "mended", "--json").json()
+        if st["state"] == "error":
+            break
+        time.sleep(0.2)
+    assert st["state"] == "error", st
+    assert st["error"]["type"] == "SandboxError", st
+    assert st["error"]["reason"] == "terminated", st
+    ls = {s["session"]: s for s in menv.sbx("ls", "--json").json()}
+    assert ls["mended"]["state"] == "error", ls
+    assert ls["mended"]["error"]["type"] == "SandboxError", ls
+    assert ls["mok"]["state"] == "ready", ls
+    r = menv.sbx("status", "mok", "--json",
+                 env={"MODAL_SERVER_URL": "https://127.0.0.1:1"})
+    assert r.rc == 1, r
+    st = r.json()
+    assert st["state"] == "unknown", st
+    assert st["error"]["type"] == "UnavailableError", st
+    assert st["error"]["class"] == "HTTP", st
+    ls = {s["session"]: s for s in menv.sbx(
+        "ls", "--json", env={"MODAL_SERVER_URL": "https://127.0.0.1:1"}
+    ).json()}
+    assert ls["mok"]["state"] == "unknown", ls
+
+
+def test_reserved_env_is_refused_and_env_is_passed(menv, modal_fake):
+    """Item 5: "env" exists for Modal too, and SBX_AGENT_TOKEN in it is a
+    ConfigError."""
+    def set_env(env):
+        cfg = json.loads((menv.root / "config.json").read_text())
+        cfg["modal"]["env"] = env
+        (menv.root / "config.json").write_text(json.dumps(cfg))
+    set_env({"SBX_AGENT_TOKEN": "chosen"})
+    before = len(modal_fake.calls("SandboxCreate"))
+    r = up(menv, "menvbad", check=False)
+    assert r.rc == 5, r
+    assert "SBX_AGENT_TOKEN" in r.err and "reserved" in r.err, r
+    assert len(modal_fake.calls("SandboxCreate")) == before
+    set_env({"SANDBOX_MARK": "from-the-config"})
+    up(menv, "menvok")
+    r = menv.sbx("exec", "menvok", "--", "sh", "-c", 'echo "$SANDBOX_MARK"')
+    assert r.rc == 0 and r.out.strip() == "from-the-config", r
+
+
+def test_crash_at_start_is_explained(menv, modal_fake):
+    """Item 6: the sandbox's own account of its end (its log's tail, as
+    Modal reports it) is shown whole, not cut with the error message."""
+    r = up(menv, "mcrash", "--image", "example/crashlog:1", check=False)
+    assert r.rc != 0, r
+    assert "exited with code 1" in r.err, r
+    assert "sbx: | start step 2" in r.err, r
+    assert "sbx: | fatal: cannot serve /workspace" in r.err, r
+    assert "mcrash" not in menv.session_names()
+
+
+def test_data_plane_errors_name_the_tunnel(menv, modal_fake):
+    """Item 8: a dead tunnel is named as Modal's tunnel, not the agent."""
+    menv.env["SBX_LOG"] = "debug"
+    m = mnt_of(up(menv, "mhop"))
+    sid = menv.sbx("status", "mhop", "--json").json()["sandbox_id"]
+    modal_fake.control("POST", f"/sandboxes/{sid}/kill", {})
+    time.sleep(0.5)
+    with pytest.raises(OSError):
+        os.stat(m / "not-cached")
+    log = menv.log_tail("mhop", 20000)
+    assert "Modal's tunnel at https://" in log, log
+    assert "sbx-agent at" not in log and "is it running" not in log, log
+
+
+def test_down_of_an_ended_sandbox_says_nothing_saved(menv, modal_fake):
+    """Item 9."""
+    up(menv, "mgone")
+    sid = menv.sbx("status", "mgone", "--json").json()["sandbox_id"]
+    modal_fake.control("POST", f"/sandboxes/{sid}/kill", {})
+    time.sleep(0.5)
+    r = menv.sbx("down", "mgone", timeout=120)
+    assert r.rc == 0, r
+    assert "nothing to save" in r.err, r
+
+
+def test_no_leftover_files(menv, modal_fake):
+    """Item 10: no lock file after down, no snapshot directory from a
+    listing or a failed snapshot."""
+    up(menv, "mtidy")
+    snapdir = menv.home / "modal" / "snapshots" / "mtidy"
+    r = menv.sbx("snapshots", "mtidy", "--json")
+    assert r.rc == 0 and r.json() == [], r
+    assert not snapdir.exists()
+    modal_fake.control("POST", "/fail", {"method": "*", "code": "INTERNAL",
+                                         "count": 30,
+                                         "service": "TaskCommandRouter"})
+    modal_fake.control("POST", "/fail", {"method": "SandboxSnapshotFs",
+                                         "code": "INVALID_ARGUMENT",
+                                         "count": 1})
+    r = menv.sbx("snapshot", "mtidy")
+    assert r.rc != 0, r
+    assert not snapdir.exists()
+    modal_fake.control("DELETE", "/fail")
+    r = menv.sbx("down", "mtidy", "--force", timeout=120)
+    assert r.rc == 0, r
+    assert not (menv.home / "sessions" / "mtidy.lock").exists()
+
+
+def test_exec_uses_the_sandbox_environment(menv, modal_fake):
+    """Item 11: HOME and PATH are the sandbox's, not the client's; -e
+    wins."""
+    mtest = up(menv, "menvx")
+    sid = menv.sbx("status", "menvx", "--json").json()["sandbox_id"]
+    fs_home = str(modal_fake.sandbox_root(sid).parent / "root")
+    client = {"PATH": "/client-only-dir:" + menv.env["PATH"]}
+    r = menv.sbx("exec", "menvx", "--", "sh", "-c",
+                 'echo "H=$HOME"; echo "P=$PATH"', env=client)
+    assert r.rc == 0, r
+    out = dict(line.split("=", 1) for line in r.out.splitlines())
+    assert out["H"] == fs_home, (out, fs_home)
+    assert "/client-only-dir" not in out["P"], out
+    r = menv.sbx("exec", "-e", "HOME=/chosen", "menvx", "--", "sh", "-c",
+                 'echo "$HOME"', env=client)
+    assert r.rc == 0 and r.out.strip() == "/chosen", r
+    del mtest

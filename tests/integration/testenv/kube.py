@@ -89,6 +89,41 @@ class KubeFakeServer:
         assert st == 200, j
         return j
 
+    # -- the fake's control API (tests/fakes/kube_apiserver.py) --
+    def last_seq(self):
+        st, j = self.api("GET", "/fake/requests?since=999999999")
+        assert st == 200, j
+        return j["last"]
+
+    def requests(self, since=0):
+        """API requests recorded after `since` (see the fake's docstring:
+        method, path, query, params, user_agent, body, code, ...)."""
+        st, j = self.api("GET", f"/fake/requests?since={since}")
+        assert st == 200, j
+        return j["items"]
+
+    def inject(self, **rule):
+        """POST /fake/failures (method, path, query, code, count, action,
+        delay, retry_after, message)."""
+        st, j = self.api("POST", "/fake/failures", rule)
+        assert st in (200, 201), j
+        return j
+
+    def forbid(self, **rule):
+        st, j = self.api("POST", "/fake/forbid", rule)
+        assert st in (200, 201), j
+        return j
+
+    def failures(self):
+        st, j = self.api("GET", "/fake/state")
+        assert st == 200, j
+        return j["failures"]
+
+    def clear(self):
+        """No injected failure and no forbid rule is left."""
+        self.api("DELETE", "/fake/failures")
+        self.api("DELETE", "/fake/forbid")
+
     def pod_root(self, session, ns=NS):
         """The directory the pod's agent serves (its workdir)."""
         name = self.pod(session, ns)["metadata"]["name"]
