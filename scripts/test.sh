@@ -1,36 +1,42 @@
 #!/usr/bin/env bash
 # Build sbx and run every test suite: unit (cmocka) + integration (pytest on
-# real FUSE mounts), first in a normal build, then in an ASan/UBSan build.
+# real FUSE mounts), first in a normal build, then in an ASan/UBSan build,
+# then the unit suite and the remote file operations in a ThreadSanitizer
+# build.
 #
-#   scripts/test.sh [--install] [--no-asan] [--require-fuse] [-- MESON_TEST_ARGS]
+#   scripts/test.sh [--install] [--no-asan] [--no-tsan] [--require-fuse]
+#                   [-- MESON_TEST_ARGS]
 #
 #   --install       apt-get install the build and test dependencies first
 #                   (scripts/install-deps.sh; needs root)
-#   --no-asan       skip the sanitizer build (faster local runs)
+#   --no-asan       skip the ASan/UBSan build (faster local runs)
+#   --no-tsan       skip the ThreadSanitizer build
 #   --require-fuse  fail if an integration test was skipped for lack of a
 #                   usable /dev/fuse (implied when CI=true)
 #
-# Build directories: $BUILD_DIR (default build/) and $ASAN_BUILD_DIR (default
-# build-asan/).  The ASan build uses clang when installed ($ASAN_CC).
+# Build directories: $BUILD_DIR (default build/), $ASAN_BUILD_DIR (default
+# build-asan/) and $TSAN_BUILD_DIR (default build-tsan/).  The sanitizer
+# builds use clang when installed ($ASAN_CC, $TSAN_CC).
 # Warnings are errors (-Dwerror=true) unless WERROR=false.
 # The last line printed is "N passed, N failed, N skipped", counted per unit
-# test case and per pytest test over both builds.  Exit status 0 only when
+# test case and per pytest test over all builds.  Exit status 0 only when
 # nothing failed.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 top=$PWD
 
-install=0 asan=1 require_fuse=0
+install=0 asan=1 tsan=1 require_fuse=0
 [ "${CI:-}" = "true" ] && require_fuse=1
 extra=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--install) install=1 ;;
 	--no-asan) asan=0 ;;
+	--no-tsan) tsan=0 ;;
 	--require-fuse) require_fuse=1 ;;
 	--) shift; extra=("$@"); break ;;
-	-h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "test.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -47,8 +53,10 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 WERROR=${WERROR:-true}
 ASAN_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
+TSAN_BUILD_DIR=${TSAN_BUILD_DIR:-build-tsan}
 PY=/usr/bin/python3
 builds=()
+times=()
 status=0
 
 section() { printf '\n==== %s ====\n' "$*"; }
@@ -76,9 +84,23 @@ setup_build() {
 	fi
 }
 
-# run_suites DIR: build DIR and run its tests; records the result.
+# setup_sanitized DIR CC SANITIZERS BUILDTYPE: configure DIR with
+# -Db_sanitize=SANITIZERS (compiler CC, chosen at the first setup only).
+setup_sanitized() {
+	local dir=$1 cc=$2 san=$3 type=$4
+	if [ ! -f "$dir/build.ninja" ]; then
+		CC=$cc meson setup "$dir" -Dbuildtype="$type" \
+			-Db_sanitize="$san" -Db_lundef=false \
+			-Dwerror="$WERROR" >/dev/null
+	else
+		meson configure "$dir" -Dwerror="$WERROR" >/dev/null
+	fi
+}
+
+# run_suites DIR [MESON_TEST_ARGS]: build DIR and run its tests; records the
+# result and how long it took.
 run_suites() {
-	local dir=$1
+	local dir=$1 t0=$SECONDS
 	shift
 	section "build $dir"
 	if ! ninja -C "$dir"; then
@@ -95,6 +117,7 @@ run_suites() {
 	fi
 	builds+=("$dir")
 	cleanup_stale
+	times+=("$dir: $((SECONDS - t0)) s")
 }
 
 cleanup_stale
@@ -108,14 +131,9 @@ run_suites "$BUILD_DIR"
 #    leaks are reported too (the integration fixtures send every sbx
 #    process's sanitizer report to a file and fail the test on it).
 if [ "$asan" = 1 ]; then
-	asan_cc=${ASAN_CC:-$(command -v clang || command -v gcc)}
-	if [ ! -f "$ASAN_BUILD_DIR/build.ninja" ]; then
-		CC=$asan_cc meson setup "$ASAN_BUILD_DIR" -Dbuildtype=debug \
-			-Db_sanitize=address,undefined -Db_lundef=false \
-			-Dwerror="$WERROR" >/dev/null
-	else
-		meson configure "$ASAN_BUILD_DIR" -Dwerror="$WERROR" >/dev/null
-	fi
+	setup_sanitized "$ASAN_BUILD_DIR" \
+		"${ASAN_CC:-$(command -v clang || command -v gcc)}" \
+		address,undefined debug
 	export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1:print_summary=1
 	export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 	export LSAN_OPTIONS=suppressions=$top/scripts/lsan.supp:print_suppressions=0
@@ -126,6 +144,33 @@ if [ "$asan" = 1 ]; then
 	unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 fi
 
+# 3. ThreadSanitizer: the unit suite and the file operations on the remote
+#    provider, whose daemon is the most threaded (FUSE workers, the cache,
+#    the change stream, curl transfers).  The daemon is forked by the CLI,
+#    so TSAN_OPTIONS reach it; the integration fixtures give every process
+#    a log_path and fail the test on any report (testenv/env.py), and
+#    halt_on_error makes a racing daemon die at once, which the test sees.
+#    tests/tsan.supp suppresses only races inside third-party libraries.
+if [ "$tsan" = 1 ]; then
+	# -O2: the remote churn test takes 40 s instead of 120 s at -O0.
+	setup_sanitized "$TSAN_BUILD_DIR" \
+		"${TSAN_CC:-$(command -v clang || command -v gcc)}" thread \
+		debugoptimized
+	# The list of unit tests, after meson.build changes too.
+	ninja -C "$TSAN_BUILD_DIR" build.ninja >/dev/null
+	tsan_tests=()
+	while IFS= read -r t; do
+		tsan_tests+=("${t##* / }")
+	done < <(meson test -C "$TSAN_BUILD_DIR" --no-rebuild --list \
+		--suite unit 2>/dev/null)
+	tsan_tests+=(pytest-fileops)
+	export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$top/tests/tsan.supp:print_suppressions=0"
+	export SBX_TEST_PROVIDERS=remote
+	export SBX_TEST_TIMEOUT=${SBX_TEST_TIMEOUT:-400}
+	run_suites "$TSAN_BUILD_DIR" --timeout-multiplier 3 "${tsan_tests[@]}"
+	unset TSAN_OPTIONS SBX_TEST_PROVIDERS
+fi
+
 section "summary"
 args=()
 [ "$require_fuse" = 1 ] && args+=(--require-fuse)
@@ -134,6 +179,7 @@ set +e
 sum_rc=$?
 set -e
 head -n -1 /tmp/sbx-test-summary.$$
+[ ${#times[@]} -gt 0 ] && printf 'time: %s\n' "${times[@]}"
 last=$(tail -n 1 /tmp/sbx-test-summary.$$)
 rm -f /tmp/sbx-test-summary.$$
 [ "$sum_rc" -ne 0 ] && status=1

@@ -283,6 +283,35 @@ def test_umount_busy_refused_then_force(sbx_env, repo):
     wait_for_mount(sb.mnt)
 
 
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_umount_force_healthy_daemon_exits(sbx_env, repo, busy):
+    """`sbx umount --force` of a healthy session: the daemon exits by
+    itself right after the (lazy) unmount, also while a process still has
+    its working directory in the detached mount, so the CLI never has to
+    say it "did not exit after unmount" and kill it."""
+    sb = sbx_env.up("hf", repo)
+    pid = sb.daemon_pid()
+    p = subprocess.Popen(["sleep", "60"], cwd=sb.mnt) if busy else None
+    try:
+        t0 = time.monotonic()
+        r = sbx_env.sbx_ok("umount", "hf", "--force")
+        took = time.monotonic() - t0
+        assert "did not exit" not in r.err, r
+        assert "terminating" not in r.err, r
+        assert took < 4, f"umount --force took {took:.1f} s"
+        assert not pid_alive(pid)
+        assert not is_mounted(sb.mnt)
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait()
+    log = sb.log.read_text()
+    assert "FUSE loop ended" not in log and "failed to unmount" not in log, log
+    sbx_env.sbx_ok("mount", "hf")
+    wait_for_mount(sb.mnt)
+    assert (sb.mnt / "README.md").read_text() == "# sample\n"
+
 def test_mount_foreground(sbx_env, repo):
     sb = sbx_env.up("fg", repo)
     sbx_env.sbx_ok("umount", "fg")
@@ -371,6 +400,47 @@ def test_dead_daemon_is_reported(sbx_env, repo):
     assert not is_mounted(sb.mnt)
     assert stat_errno(sb.mnt) == 0
 
+
+
+def test_stuck_daemon_is_reported(sbx_env, repo):
+    """A daemon that does not answer (stopped or stuck) shows as state
+    error within a few seconds, with what to do; the advice works."""
+    sb = sbx_env.up("stuck", repo)
+    pid = sb.daemon_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = sbx_env.sbx("status", "stuck", "--json", timeout=30)
+        took = time.monotonic() - t0
+        assert r.rc == 0, str(r)
+        assert took < 5.5, f"sbx status took {took:.1f} s"
+        s = r.json()
+        assert s["state"] == "error", s
+        msg = s["error"]["message"]
+        for want in ("does not answer", "sbx umount --force stuck",
+                     "sbx mount stuck"):
+            assert want in msg, s
+        r = sbx_env.sbx("status", "stuck", timeout=30)
+        assert r.rc == 0 and "does not answer" in r.out, str(r)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    s = sb.status()
+    assert s["state"] == "ready" and "error" not in s, s
+    assert (sb.mnt / "README.md").read_text() == "# sample\n"
+
+    # the advice: umount --force, then mount
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = sbx_env.sbx("umount", "--force", "stuck", timeout=60)
+        assert r.rc == 0, str(r)
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert not pid_alive(pid)
+    sbx_env.sbx_ok("mount", "stuck")
+    wait_for_mount(sb.mnt, log=sb.log)
+    assert (sb.mnt / "README.md").read_text() == "# sample\n"
+    assert sb.status()["state"] == "ready"
 
 def test_up_after_dead_daemon_reattaches(sbx_env, repo):
     sb = sbx_env.up("revive", repo)

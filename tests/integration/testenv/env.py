@@ -42,6 +42,7 @@ GIT_ENV = {
 LOG_ERROR_RE = re.compile(r"^\S+ \S+\[\d+\] error: .*$", re.M)
 SANITIZER_RE = re.compile(
     r"(ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer)|"
+    r"WARNING: ThreadSanitizer|"
     r"runtime error:|SUMMARY: (Address|Undefined|Leak)\w*Sanitizer)")
 
 
@@ -123,7 +124,10 @@ class SbxEnv:
         # which may come at its exit, after `sbx down` removed its log) go
         # to files that problems() reads; a failed command's Result.err
         # gets the reports written while it ran.
-        for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+        # (TSan reads UBSAN_OPTIONS after TSAN_OPTIONS: its reports may be
+        # named ubsan.PID.)
+        for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                    "TSAN_OPTIONS"):
             base = env.get(var, "")
             tag = var.split("_")[0].lower()
             env[var] = ":".join(filter(None, [
@@ -137,6 +141,10 @@ class SbxEnv:
         e = dict(self.env)
         if env:
             e.update(env)
+        # Not pytest's cwd (often a git repository: `sbx up` would take it
+        # for the session's repository, as it does for a user).
+        if cwd is None:
+            cwd = self.root
         args = [str(a) for a in args]
         san_before = set(self.san_dir.iterdir())
         try:
