@@ -202,8 +202,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 				dir->list_time = cache_now();
 		}
 	} else if (rc == 0) {
-		k = tree_kid_get(dir, name);
-		tree_set_st(c, k, &fst);
+		k = tree_name_st(c, dir, name, &fst);
 		if (gen != c->events)
 			k->st_valid = false; /* raced with a change */
 		*st = fst;
@@ -340,8 +339,7 @@ static struct cnode *created(struct cache *c, struct cnode *dir,
 	struct cnode *k;
 
 	cache_lock(c);
-	k = tree_kid_get(dir, name);
-	tree_set_st(c, k, st);
+	k = tree_name_st(c, dir, name, st);
 	content_drop(c, k);
 	dir->st_valid = false;
 	cache_unlock(c);
@@ -631,6 +629,8 @@ static int c_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 			b->parent = NULL;
 			b->slot = S_ABSENT;
 			tree_invalidate_file(b);
+			b->hnext = c->orphans;
+			c->orphans = b;
 		}
 		if (a) {
 			tree_kid_move(a, to, newname);

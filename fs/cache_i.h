@@ -186,6 +186,7 @@ struct cache {
 	struct content *spilling;  /* contents whose spill job is pending */
 	struct cfile *dirty;       /* open files with buffered writes */
 	struct cnode *rings[RING_BUCKETS]; /* hard-link ring heads */
+	struct cnode *orphans;     /* detached nodes (chained by hnext) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
 	 * Count of change events applied.  A fetch that sees it move while
@@ -241,6 +242,10 @@ char *tree_path(const struct cnode *n);
  */
 char *tree_path_of(const struct cnode *n);
 char *tree_child_path(const struct cnode *dir, const char *name);
+/* dir/name has attributes st: its node (a new one if the object is
+ * another than the node knew), present. */
+struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
+			   const char *name, const struct stat *st);
 /* Record attributes fetched under n's own name: n is present. */
 void tree_set_st(struct cache *c, struct cnode *n, const struct stat *st);
 /* Attributes fetched through tree_path_of(n): say nothing of n's name. */

@@ -54,7 +54,8 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 					continue;
 				k = tree_kid_get(n, it->entries[i].name);
 				if (!k->dirty)
-					tree_set_st(c, k, &it->entries[i].st);
+					tree_name_st(c, n, it->entries[i].name,
+						     &it->entries[i].st);
 				else
 					k->slot = S_PRESENT;
 			}
@@ -128,7 +129,7 @@ static int list_entry(const char *name, const struct stat *st,
 	cache_lock(l->c);
 	k = tree_kid_get(l->dir, name);
 	if (!k->dirty) {
-		tree_set_st(l->c, k, st);
+		k = tree_name_st(l->c, l->dir, name, st);
 		if (l->gen != l->c->events)
 			k->st_valid = false; /* raced with a change */
 	} else {

@@ -318,6 +318,35 @@ void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
 		n->slot = S_ABSENT;
 }
 
+/*
+ * `name` in dir now names the object with attributes st.  When the node
+ * knew another object under that name (removed and recreated behind us,
+ * or replaced), the daemon may still hold the old node for a kernel inode
+ * (an open file, another hard link): it is detached, so that it keeps
+ * leading to the old object through its other names (its ring) or to
+ * nothing (ESTALE), and a new node takes the name.
+ */
+struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
+			   const char *name, const struct stat *st)
+{
+	struct cnode *k = tree_kid_get(dir, name);
+
+	if (k->st.st_ino && k->st.st_ino != st->st_ino && !k->dirty &&
+	    !k->hidden) {
+		tree_kid_unlink(dir, k);
+		k->parent = NULL;
+		k->orphan = true;
+		k->slot = S_ABSENT;
+		k->st_valid = false;
+		content_drop(c, k);
+		k->hnext = c->orphans;
+		c->orphans = k;
+		k = tree_kid_get(dir, name);
+	}
+	tree_set_st(c, k, st);
+	return k;
+}
+
 /* ---- whole tree ---------------------------------------------------------- */
 
 void tree_forget_all(struct cnode *n)
@@ -350,6 +379,16 @@ void tree_free(struct cache *c, struct cnode *n)
 	free(n->kids);
 	n->kids = NULL;
 	n->nbuckets = n->nkids = 0;
+	if (n == &c->root) {
+		while (c->orphans) {
+			struct cnode *o = c->orphans;
+
+			c->orphans = o->hnext;
+			tree_free(c, o);
+			free(o->name);
+			free(o);
+		}
+	}
 	content_drop(c, n);
 	free(n->link);
 	n->link = NULL;

@@ -295,8 +295,18 @@ static bool stale_by_name(struct fs *fs, fuse_ino_t ino)
 		name = sbx_xstrdup(in->name);
 	pthread_mutex_unlock(&fs->lock);
 	if (name && fs->sb->ops->node_path(fs->sb, node, &path) == 0) {
+		size_t len = strlen(path), dl = strlen(" (deleted)");
+
 		base = strrchr(path, '/');
-		stale = strcmp(base ? base + 1 : path, name) != 0;
+		/*
+		 * " (deleted)": the name the node was opened by is gone but
+		 * the file has another (link a b; rm a): its current name is
+		 * unknown here, so do not call it stale (the retry would find
+		 * the same node and fail again).
+		 */
+		stale = !(len >= dl && strcmp(path + len - dl,
+					      " (deleted)") == 0) &&
+			strcmp(base ? base + 1 : path, name) != 0;
 	}
 	sbx_error_clear();
 	free(path);

@@ -228,3 +228,56 @@ def test_failed_push_error_reaches_the_owner(sandbox):
     finally:
         os.close(fd)
     assert (w / "e").read_bytes()[:4096] == b"k" * 4096
+
+
+def test_truncate_by_second_name_after_first_removed(sandbox):
+    # Found by the random tester: after `ln a d; rm a`, opening d with
+    # O_TRUNC answered ESTALE on a local mount (the check for "removed in
+    # the worktree" took a's removal for d's).
+    m = sandbox.mnt
+    (m / "a").write_text("content")
+    os.link(m / "a", m / "d")
+    os.unlink(m / "a")
+    (m / "d").write_text("new")                 # open(O_TRUNC)
+    assert (m / "d").read_text() == "new"
+    os.truncate(m / "d", 1)
+    assert (m / "d").read_text() == "n"
+    assert (sandbox.worktree / "d").read_text() == "n"
+
+
+def test_surviving_link_after_name_reused(sandbox):
+    # Found by the random tester: after `ln a b; rm a` and a new `a`, b
+    # read the new a's content and writes to b changed a (remote).
+    m = sandbox.mnt
+    (m / "a").write_text("OLD")
+    os.link(m / "a", m / "b")
+    os.unlink(m / "a")
+    (m / "a").write_text("NEW!")
+    assert (m / "b").read_text() == "OLD"
+    (m / "b").write_text("X")
+    assert (m / "a").read_text() == "NEW!"
+    assert (sandbox.worktree / "a").read_text() == "NEW!"
+    assert (sandbox.worktree / "b").read_text() == "X"
+
+
+def test_reader_opened_before_writer_closes(sandbox, request, provider):
+    # Found by the random tester (remote): a descriptor opened before the
+    # writer's close read an empty file after that close returned.  Open
+    # on remote sandboxes (docs/design.md, "Known defects"); strict, so a
+    # fix shows.
+    if provider != "local":
+        request.node.add_marker(pytest.mark.xfail(
+            strict=True, reason="known defect: stale size for a reader "
+                                "opened before the writer's close (remote)"))
+    m = sandbox.mnt
+    for i in range(10):
+        w = os.open(m / f"r{i}", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(w, b"d" * 145, 259638)
+        r = os.open(m / f"r{i}", os.O_RDONLY)
+        try:
+            os.close(w)
+            assert os.fstat(r).st_size == 259638 + 145
+            assert os.pread(r, 4096, 0) == b"\0" * 4096
+            assert os.pread(r, 200, 259638) == b"d" * 145
+        finally:
+            os.close(r)

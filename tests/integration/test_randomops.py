@@ -1,0 +1,173 @@
+"""Random file operations on a mount, compared with a plain directory
+(randomops.py), and the same under injected faults (remote only).
+
+    SBX_RANDOMOPS_SEED=N      replay a seed (default: a random one, printed)
+    SBX_RANDOMOPS_SECONDS=S   the differential phase's wall-clock bound
+                              (default 20; the fault test uses a third of it
+                              per diff phase)
+    SBX_RANDOMOPS_OPS=M       operations per process (default 100000: the
+                              time bound ends the run; the report's replay
+                              line gives the exact count to replay)
+    SBX_RANDOMOPS_PROCS=K     worker processes (default 4)
+    SBX_RANDOMOPS_KEEP_GOING  findings per process before it stops (default
+                              3; after each, the plain tree is resynchronised
+                              from the mount so later bugs are not masked)
+    SBX_RANDOMOPS_EXCLUDE     operation classes to leave out, comma separated
+                              (randomops.OP_CLASSES: link, mmap, ...)
+
+A failure prints the seed, the worker, the op index, the op with both
+results and that worker's last 20 ops.  To replay the differential part
+outside pytest, mount a sandbox and run
+
+    python3 tests/integration/randomops.py --mount MNT/rops --plain /tmp/p \\
+        --seed N --procs 4 --ops M [--only-proc I] [--shrink]
+
+(docs/testing.md, "Random operation tester").
+"""
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import randomops  # noqa: E402
+from testenv import mounts  # noqa: E402
+from testenv.agent import set_remote_config, up_remote  # noqa: E402
+from testenv.latency_proxy import ProxyProcess  # noqa: E402
+
+pytestmark = pytest.mark.providers("local", "remote")
+
+SECONDS = float(os.environ.get("SBX_RANDOMOPS_SECONDS", "20"))
+OPS = int(os.environ.get("SBX_RANDOMOPS_OPS", "100000"))
+PROCS = int(os.environ.get("SBX_RANDOMOPS_PROCS", "4"))
+KEEP_GOING = int(os.environ.get("SBX_RANDOMOPS_KEEP_GOING", "3"))
+EXCLUDE = [c for c in os.environ.get("SBX_RANDOMOPS_EXCLUDE", "").split(",")
+           if c]
+# The remote provider's request bound during the fault test (seconds): an
+# operation during a cut fails after about this long, far below the
+# tester's 30 s hang limit.
+FAULT_TIMEOUT = 4
+
+
+# Open defects of remote sandboxes that the tester finds (docs/design.md,
+# "Known defects"): results that differ from a local disk.  On remote they
+# make the test xfail (reported, never counted as passed); anything else --
+# a hang, a crash, a lost acknowledged write, a tester error -- fails.
+KNOWN_REMOTE = ("mismatch", "stale-read", "leak", "resync")
+
+
+def judge(rep, provider, what):
+    print(rep.text())
+    if rep.ok:
+        return
+    severe = [f for f in rep.findings if f["kind"] not in KNOWN_REMOTE]
+    assert provider != "local" and not severe, what
+    pytest.xfail("known remote defects (docs/design.md, \"Known defects\"): "
+                 + ", ".join(sorted({f["kind"] for f in rep.findings})))
+
+
+def the_seed():
+    s = os.environ.get("SBX_RANDOMOPS_SEED")
+    seed = int(s) if s else random.randrange(1, 10 ** 9)
+    print(f"randomops: SBX_RANDOMOPS_SEED={seed}", flush=True)
+    return seed
+
+
+def alive_check(sb):
+    """None while the daemon lives: the mount is still an sbx mount, the
+    daemon's pid is alive and `sbx status` answers (never touches the
+    mount itself: a hung daemon must not hang the check)."""
+    def check():
+        if mounts.sbx_mount_at(sb.mnt) is None:
+            return f"{sb.mnt} is no longer an sbx mount"
+        st = sb.status()
+        pid = st.get("pid")
+        if not st.get("mounted") or not mounts.pid_alive(pid):
+            return f"daemon not running: status {st}"
+        return None
+    return check
+
+
+def config(sb, plain_dir, tmp_path, seed, seconds):
+    return randomops.Config(
+        mount=str(sb.mnt / "rops"), plain=str(plain_dir / "rops"), seed=seed,
+        procs=PROCS, ops=OPS, time_limit=seconds,
+        workdir=str(tmp_path / "randomops-work"), keep_going=KEEP_GOING,
+        exclude=EXCLUDE, python=sys.executable)
+
+
+@pytest.mark.slow
+@pytest.mark.remote_only("the remote data plane is the same code through the "
+                         "pod proxy and the Modal tunnel; a bounded run there "
+                         "would only add minutes")
+def test_randomops(sandbox, provider, plain_dir, tmp_path):
+    seed = the_seed()
+    (plain_dir / "rops").mkdir()
+    cfg = config(sandbox, plain_dir, tmp_path, seed, SECONDS)
+    # The sandbox's own copy of the files: leftover hidden files of
+    # unlinked-but-open remote files (.sbx-silly.*) are looked for there.
+    rep = randomops.run(cfg, alive=alive_check(sandbox),
+                        backing=str(sandbox.worktree / "rops"))
+    judge(rep, provider, f"{rep.text()}\n(seed {seed}: rerun with "
+                         f"SBX_RANDOMOPS_SEED={seed}; journals in "
+                         f"{cfg.workdir})")
+
+
+# -- faults (remote) -------------------------------------------------------------
+
+
+@pytest.fixture
+def fault_sandbox(sbx_env, repo, agent):
+    """A remote session through a proxy (no added delay) that can cut the
+    network, with requests bounded at FAULT_TIMEOUT seconds."""
+    set_remote_config(sbx_env, timeout=FAULT_TIMEOUT, connect_timeout=2)
+    proxy = ProxyProcess(agent.address, delay_ms=0).start()
+    try:
+        sb = up_remote(sbx_env, "t1", agent, proxy, repo=repo)
+        yield sb
+        sbx_env.sbx("down", "t1", "--force", timeout=60)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400, method="thread")   # worst case: hangs, slow heal
+@pytest.mark.providers("remote")
+@pytest.mark.remote_only("restarts the agent process and cuts its network")
+def test_randomops_faults(provider, fault_sandbox, plain_dir, tmp_path):
+    """diff phase -> fault phase (mount only: the agent killed and
+    restarted, the network refused and black-holed; every write whose
+    fsync() or close() returned 0 is recorded) -> heal -> every recorded
+    write is in the mount and in the agent's root -> the plain tree is
+    reseeded from the mount -> diff phase.  No hang, no daemon crash."""
+    sb = fault_sandbox
+    agent, proxy = sb.agent, sb.proxy
+    sb.env.expect_log_error(".*")     # the daemon logs the outages
+    seed = the_seed()
+    (plain_dir / "rops").mkdir()
+    cfg = config(sb, plain_dir, tmp_path, seed, max(SECONDS / 3, 5))
+    faults = [
+        (1.0, "kill the agent (SIGKILL)", agent.kill),
+        (2.5, "start the agent", agent.start),
+        (4.5, "cut the network (connections reset, port refused)",
+         lambda: proxy.cut("refuse")),
+        (6.5, "restore the network", proxy.restore),
+        (7.5, "cut the network (black hole)", lambda: proxy.cut("blackhole")),
+        (7.5 + FAULT_TIMEOUT + 1.5, "restore the network", proxy.restore),
+        (7.5 + FAULT_TIMEOUT + 2.5, "restart the agent", agent.restart),
+    ]
+
+    def heal():
+        proxy.restore()
+        if not agent.alive():
+            agent.start()
+
+    rep = randomops.run(cfg, faults=faults, heal=heal,
+                        backing=str(agent.root / "rops"),
+                        alive=alive_check(sb))
+    judge(rep, provider, f"{rep.text()}\n(seed {seed}; journals in "
+                         f"{cfg.workdir})\n{sb.env.log_tail(sb.name)}")
