@@ -354,7 +354,6 @@ SBX_WUR int agent_extract_begin(struct agent_req *r, const char *path,
 				bool replace);
 SBX_WUR int agent_extract_finish(struct agent_req *r, uint64_t *entries,
 				 uint64_t *bytes, unsigned *status_out);
-int agent_extract_dirfd(struct agent_req *r);
 struct agent *agent_extract_confined(struct agent_req *r);
 SBX_WUR int agent_extract_clear(struct agent_req *r);
 

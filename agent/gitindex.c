@@ -6,7 +6,7 @@
 
 #include "gitindex.h"
 
-/* ---- SHA-1 ------------------------------------------------------------------ */
+/* ---- SHA-1 --------------------------------------------------------------- */
 
 static uint32_t rol(uint32_t x, unsigned n)
 {
@@ -110,7 +110,7 @@ void agent_sha1_final(struct agent_sha1 *c, unsigned char out[20])
 	}
 }
 
-/* ---- the index ---------------------------------------------------------------- */
+/* ---- the index ----------------------------------------------------------- */
 
 /*
  * Index format (git's Documentation/gitformat-index.txt), versions 2 and
@@ -187,7 +187,8 @@ int agent_gitindex_refresh(unsigned char *buf, size_t len,
 
 		if (off + E_FIXED > end)
 			return bad("entry past the end", off);
-		flags = (uint16_t)(buf[off + E_FLAGS] << 8 | buf[off + E_FLAGS + 1]);
+		flags = (uint16_t)(buf[off + E_FLAGS] << 8 |
+				   buf[off + E_FLAGS + 1]);
 		if (flags & 0x4000) {
 			if (version < 3)
 				return bad("extended flags in a version 2 "
@@ -269,7 +270,7 @@ int agent_gitindex_refresh(unsigned char *buf, size_t len,
 	return 0;
 }
 
-/* ---- names ------------------------------------------------------------------ */
+/* ---- names --------------------------------------------------------------- */
 
 static bool hex(char c)
 {

@@ -1161,13 +1161,6 @@ int agent_extract_finish(struct agent_req *r, uint64_t *entries,
 	return 0;
 }
 
-int agent_extract_dirfd(struct agent_req *r)
-{
-	struct tarx *x = r->upload_state;
-
-	return x ? x->sub.root_fd : -1;
-}
-
 struct agent *agent_extract_confined(struct agent_req *r)
 {
 	struct tarx *x = r->upload_state;

@@ -154,7 +154,7 @@ static int git_dir(struct agent *a, const char *path, char **out)
 	return 0;
 }
 
-/* ---- PUT /v1/repo/seed ------------------------------------------------------- */
+/* ---- PUT /v1/repo/seed --------------------------------------------------- */
 
 /* 0 when `path` is absent or an empty directory; -ENOTEMPTY otherwise. */
 static int check_empty(struct agent *a, const char *path)
@@ -330,7 +330,7 @@ int agent_h_repo_seed(struct agent_req *r)
 	return agent_reply_json(r, 200, o);
 }
 
-/* ---- GET /v1/repo/state ------------------------------------------------------- */
+/* ---- GET /v1/repo/state -------------------------------------------------- */
 
 /*
  * The value of ref `name` in the repository at `gd` (".../.git"): a loose
@@ -590,7 +590,7 @@ out:
 	return agent_reply_json(r, 200, o);
 }
 
-/* ---- POST /v1/repo/objects ---------------------------------------------------- */
+/* ---- POST /v1/repo/objects ----------------------------------------------- */
 
 struct objs {
 	struct agent_stream base;

@@ -38,14 +38,29 @@
 #                    host true` through the proxy (a new connection each
 #                    time, as a tool would run it), plus a row for ssh over
 #                    a ControlMaster connection; native: fork/exec of true
-# Times are medians of COLD_RUNS (cold rows) or RUNS (warm rows) runs, in
-# seconds.  Ratios: sbx/sshfs (< 1 means sbx is faster) and sbx/native.
+#   seed repo        the repository in (docs/design.md, "Repository in and
+#                    out"): a generated repository of SEED_FILES files of
+#                    SEED_KB KiB each (text taken from /usr/include, each
+#                    file different; default 10,000 x 10 KiB = 100 MB;
+#                    packed by git gc, as a user's repository usually is).
+#                    sbx: `sbx up --provider remote --repo` into an empty
+#                    agent root behind its own latency proxy (the whole
+#                    `up`: seed, then mount); ssh column: `git clone
+#                    ssh://...` through the sshd's proxy (with checkout)
+#   pull 1 commit    a commit of one changed file made in the sandbox
+#                    (`git commit` in the agent's root), then `sbx pull`;
+#                    ssh column: the same commit in the served repository,
+#                    then `git fetch` in the clone
+# Times are medians of COLD_RUNS (cold rows, seed) or RUNS (warm rows,
+# pull) runs, in seconds.  Ratios: sbx/sshfs (< 1 means sbx is faster) and
+# sbx/native.
 #
 # Environment: RUNS (default 3), COLD_RUNS (default 3), SAVES (default 10),
 # EXEC_RUNS (default 20), DELAY_MS (one-way delay, default 10 = 20 ms RTT),
 # SRC (default /usr/include/linux), WORKDIR (default /var/tmp), KEEP=1
 # keeps the temporary directory, SKIP_SSHFS=1 / SKIP_SBX=1 leave one side
-# out.  Needs root (dropping caches, sshd); installs openssh-server and
+# out, SKIP_FS=1 leaves out every row but the repository's, SKIP_REPO=1
+# those, SEED_FILES / SEED_KB size the seeded repository.  Needs root (dropping caches, sshd); installs openssh-server and
 # sshfs with apt-get if they are missing.
 set -euo pipefail
 
@@ -64,6 +79,10 @@ DELAY_MS=${DELAY_MS:-10}
 SRC=${SRC:-/usr/include/linux}
 SKIP_SBX=${SKIP_SBX:-0}
 SKIP_SSHFS=${SKIP_SSHFS:-0}
+SKIP_FS=${SKIP_FS:-0}
+SKIP_REPO=${SKIP_REPO:-0}
+SEED_FILES=${SEED_FILES:-10000}
+SEED_KB=${SEED_KB:-10}
 
 die() { echo "bench/remote.sh: $*" >&2; exit 1; }
 note() { echo "bench/remote.sh: $*" >&2; }
@@ -153,7 +172,9 @@ git -C "$tree" add -A
 git -C "$tree" -c user.name=bench -c user.email=bench@sbx.invalid \
 	commit -q -m "bench tree"
 git -C "$tree" status --porcelain >/dev/null
-dd if=/dev/urandom of="$tree/blob/big.bin" bs=1M count=256 status=none
+if [ "$SKIP_FS" != 1 ]; then
+	dd if=/dev/urandom of="$tree/blob/big.bin" bs=1M count=256 status=none
+fi
 nfiles=$(find "$tree/linux" -type f | wc -l)
 ndirs=$(find "$tree/linux" -type d | wc -l)
 sync
@@ -174,7 +195,7 @@ if [ "$SKIP_SBX" != 1 ]; then
 		die "sbx-agent did not start: $(cat "$work/agent.log")"
 	start_proxy "$aport"
 	sbxport=$proxy_port
-	sbxmnt=$("$SBX" up bench --provider remote \
+	sbxmnt=$("$SBX" up bench --provider remote --no-repo \
 		--url "http://127.0.0.1:$sbxport" \
 		--token-file "$work/agent.token" | tail -n1) ||
 		die "sbx up failed: $(cat "$SBX_HOME/logs/bench.log" 2>/dev/null)"
@@ -238,6 +259,51 @@ EOF
 		-o ControlPersist=yes -fN bench
 fi
 
+# -- the repository rows: a generated repository, an agent with an empty root ---------
+seedtree=$work/seed seedroot=$work/seed-root seedurl=""
+if [ "$SKIP_REPO" != 1 ]; then
+	note "preparing: $SEED_FILES files of $SEED_KB KiB in $seedtree ..."
+	"$PY" - "$seedtree" "$SEED_FILES" "$SEED_KB" <<'PY'
+import os, sys
+out, n, kb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+text = []
+for d, _, fs in os.walk("/usr/include"):
+    for f in sorted(fs):
+        try:
+            text.append(open(os.path.join(d, f), "rb").read())
+        except OSError:
+            pass
+        if sum(map(len, text)) > 64 << 20:
+            break
+blob = b"".join(text)
+size = kb * 1024
+for i in range(n):
+    p = os.path.join(out, f"d{i // 100:03d}", f"f{i:05d}.c")
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    start = (i * 7919 * 1024) % (len(blob) - size)
+    head = f"/* file {i} */\n".encode()
+    open(p, "wb").write(head + blob[start:start + size - len(head)])
+PY
+	git -C "$seedtree" init -q -b main
+	git -C "$seedtree" add -A
+	git -C "$seedtree" -c user.name=bench -c user.email=bench@sbx.invalid \
+		-c gc.auto=0 commit -q -m "seed tree"
+	git -C "$seedtree" gc -q
+	mkdir -p "$seedroot"
+	if [ "$SKIP_SBX" != 1 ]; then
+		sport2=$(free_port)
+		"$AGENT" serve --root "$seedroot" --listen "127.0.0.1:$sport2" \
+			--token-file "$work/agent.token" >"$work/agent-seed.log" 2>&1 &
+		pids+=($!)
+		for _ in $(seq 200); do
+			curl -fsS "http://127.0.0.1:$sport2/v1/health" >/dev/null 2>&1 && break
+			sleep 0.05
+		done
+		start_proxy "$sport2"
+		seedurl=http://127.0.0.1:$proxy_port
+	fi
+fi
+
 # -- cold-start scripts, run before every cold measurement ----------------------------
 cat >"$work/cold-native.sh" <<EOF
 sync; echo 3 >/proc/sys/vm/drop_caches
@@ -263,7 +329,8 @@ note "tree: $nfiles files, $ndirs directories; one-way delay ${DELAY_MS} ms"
 note "measuring (RUNS=$RUNS, COLD_RUNS=$COLD_RUNS) ..."
 
 export work tree sbxmnt sshfsmnt RUNS COLD_RUNS SAVES EXEC_RUNS DELAY_MS \
-	SHIM SKIP_SBX SKIP_SSHFS nfiles ndirs
+	SHIM SKIP_SBX SKIP_SSHFS nfiles ndirs SKIP_FS SKIP_REPO seedtree \
+	seedroot seedurl SBX
 "$PY" - <<'PY'
 import os, statistics, subprocess, sys, time
 
@@ -319,63 +386,140 @@ def measure(row, view, cmd, is_cold, runs=None, cwd=None):
           flush=True)
 
 
-absent = "ZZ_sbx_bench_string_that_is_nowhere_ZZ"
-for view, d in views.items():
-    measure("grep -r cold", view, ["grep", "-r", absent, f"{d}/linux"], True)
-    measure("grep -r warm", view, ["grep", "-r", absent, f"{d}/linux"], False)
-for view, d in views.items():
-    measure("ls -lR cold", view, ["ls", "-lR", f"{d}/linux"], True)
-    measure("ls -lR warm", view, ["ls", "-lR", f"{d}/linux"], False)
-for view, d in views.items():
-    git = ["git", "-c", f"safe.directory={d}", "-C", d, "status",
-           "--porcelain"]
-    measure("git status cold", view, git, True)
-    measure("git status warm", view, git, False)
-for view, d in views.items():
-    measure("seq read 256MiB", view,
-            ["dd", f"if={d}/blob/big.bin", "of=/dev/null", "bs=1M"], True)
+if E["SKIP_FS"] != "1":
+    absent = "ZZ_sbx_bench_string_that_is_nowhere_ZZ"
+    for view, d in views.items():
+        measure("grep -r cold", view, ["grep", "-r", absent, f"{d}/linux"], True)
+        measure("grep -r warm", view, ["grep", "-r", absent, f"{d}/linux"], False)
+    for view, d in views.items():
+        measure("ls -lR cold", view, ["ls", "-lR", f"{d}/linux"], True)
+        measure("ls -lR warm", view, ["ls", "-lR", f"{d}/linux"], False)
+    for view, d in views.items():
+        git = ["git", "-c", f"safe.directory={d}", "-C", d, "status",
+               "--porcelain"]
+        measure("git status cold", view, git, True)
+        measure("git status warm", view, git, False)
+    for view, d in views.items():
+        measure("seq read 256MiB", view,
+                ["dd", f"if={d}/blob/big.bin", "of=/dev/null", "bs=1M"], True)
 
-# editor-style save: temp + fsync + rename over an existing file
-target_rel = "linux/kernel.h"
-orig = open(os.path.join(tree, target_rel), "rb").read()
-for view, d in views.items():
-    target = os.path.join(d, target_rel)
-    tmp = os.path.join(os.path.dirname(target), ".kernel.h.sbx-bench.tmp")
-    ts = []
-    for i in range(SAVES + 1):
-        data = orig + f"/* save {i} */\n".encode() if i < SAVES else orig
-        t = time.perf_counter()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
-        os.replace(tmp, target)
-        ts.append(time.perf_counter() - t)
-    assert open(target, "rb").read() == orig
-    med = statistics.median(ts[:SAVES])
-    res.setdefault("editor save", {})[view] = med
-    print(f"  {'editor save':18} {view:7} {med:8.3f} s", file=sys.stderr)
+    # editor-style save: temp + fsync + rename over an existing file
+    target_rel = "linux/kernel.h"
+    orig = open(os.path.join(tree, target_rel), "rb").read()
+    for view, d in views.items():
+        target = os.path.join(d, target_rel)
+        tmp = os.path.join(os.path.dirname(target), ".kernel.h.sbx-bench.tmp")
+        ts = []
+        for i in range(SAVES + 1):
+            data = orig + f"/* save {i} */\n".encode() if i < SAVES else orig
+            t = time.perf_counter()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            os.fsync(fd)
+            os.close(fd)
+            os.replace(tmp, target)
+            ts.append(time.perf_counter() - t)
+        assert open(target, "rb").read() == orig
+        med = statistics.median(ts[:SAVES])
+        res.setdefault("editor save", {})[view] = med
+        print(f"  {'editor save':18} {view:7} {med:8.3f} s", file=sys.stderr)
 
-# exec of true
-def exec_med(cmd, cwd=None):
-    timed(cmd, cwd)
-    return statistics.median(timed(cmd, cwd) for _ in range(EXEC_RUNS))
+    # exec of true
+    def exec_med(cmd, cwd=None):
+        timed(cmd, cwd)
+        return statistics.median(timed(cmd, cwd) for _ in range(EXEC_RUNS))
 
-res["exec true"] = {"native": exec_med(["true"])}
-if "sbx" in views:
-    res["exec true"]["sbx"] = exec_med([E["SHIM"], "true"], cwd=views["sbx"])
-if "sshfs" in views:
-    res["exec true"]["sshfs"] = exec_med(["ssh", "-F", ssh_cfg, "bench",
-                                          "true"])
-    res["exec true (ssh mux)"] = {
-        "sshfs": exec_med(["ssh", "-F", ssh_cfg, "-o",
-                           f"ControlPath={ctl}", "bench", "true"]),
-        "native": res["exec true"]["native"]}
+    res["exec true"] = {"native": exec_med(["true"])}
     if "sbx" in views:
-        res["exec true (ssh mux)"]["sbx"] = res["exec true"]["sbx"]
-for k in ("exec true", "exec true (ssh mux)"):
-    for v, t in res.get(k, {}).items():
-        print(f"  {k:18} {v:7} {t:8.4f} s", file=sys.stderr)
+        res["exec true"]["sbx"] = exec_med([E["SHIM"], "true"], cwd=views["sbx"])
+    if "sshfs" in views:
+        res["exec true"]["sshfs"] = exec_med(["ssh", "-F", ssh_cfg, "bench",
+                                              "true"])
+        res["exec true (ssh mux)"] = {
+            "sshfs": exec_med(["ssh", "-F", ssh_cfg, "-o",
+                               f"ControlPath={ctl}", "bench", "true"]),
+            "native": res["exec true"]["native"]}
+        if "sbx" in views:
+            res["exec true (ssh mux)"]["sbx"] = res["exec true"]["sbx"]
+    for k in ("exec true", "exec true (ssh mux)"):
+        for v, t in res.get(k, {}).items():
+            print(f"  {k:18} {v:7} {t:8.4f} s", file=sys.stderr)
+
+
+# -- the repository in and out --------------------------------------------
+def seeded_seconds(err):
+    for line in err.splitlines():
+        if "seeded session" in line and " in " in line:
+            return float(line.rsplit(" in ", 1)[1].split()[0])
+    return None
+
+
+def git_commit(repo, i):
+    p = os.path.join(repo, "d000", "f00000.c")
+    with open(p, "ab") as f:
+        f.write(f"/* change {i} */\n".encode())
+    subprocess.run(["git", "-C", repo, "-c", "user.name=b", "-c",
+                    "user.email=b@sbx.invalid", "commit", "-qam",
+                    f"change {i}"], check=True)
+
+
+if E["SKIP_REPO"] != "1":
+    seedtree, seedroot = E["seedtree"], E["seedroot"]
+    sbx_cmd = E["SBX"]
+    tok = os.path.join(work, "agent.token")
+    if E["seedurl"]:
+        ts, seeds, pulls = [], [], []
+        for i in range(COLD):
+            sh(f"rm -rf {seedroot}/* {seedroot}/.git")
+            t = time.perf_counter()
+            r = subprocess.run([sbx_cmd, "up", f"seed{i}", "--provider",
+                                "remote", "--url", E["seedurl"],
+                                "--token-file", tok, "--repo", seedtree],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+            ts.append(time.perf_counter() - t)
+            if r.returncode:
+                sys.exit(f"sbx up --repo failed: {r.stderr}")
+            seeds.append(seeded_seconds(r.stderr))
+            for k in range(RUNS if i == 0 else 0):
+                git_commit(seedroot, k)
+                t = time.perf_counter()
+                subprocess.run([sbx_cmd, "pull", f"seed{i}"], check=True,
+                               stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                pulls.append(time.perf_counter() - t)
+            sh(f"{sbx_cmd} down seed{i} --force")
+        res.setdefault("seed repo", {})["sbx"] = statistics.median(ts)
+        extra["seed only"] = statistics.median(seeds)
+        res.setdefault("pull 1 commit", {})["sbx"] = statistics.median(pulls)
+        print(f"  seed repo (sbx up) runs: {', '.join(f'{t:.3f}' for t in ts)}"
+              f"; the seed alone: {', '.join(f'{t:.2f}' for t in seeds)}",
+              file=sys.stderr)
+        print(f"  pull 1 commit (sbx) runs: "
+              f"{', '.join(f'{t:.3f}' for t in pulls)}", file=sys.stderr)
+    if E["SKIP_SSHFS"] != "1":
+        dest = os.path.join(work, "clone")
+        genv = dict(os.environ, GIT_SSH_COMMAND=f"ssh -F {ssh_cfg}")
+        ts, fetches = [], []
+        for i in range(COLD):
+            sh(f"rm -rf {dest}")
+            t = time.perf_counter()
+            subprocess.run(["git", "clone", "-q", f"ssh://bench{seedtree}",
+                            dest], env=genv, check=True)
+            ts.append(time.perf_counter() - t)
+        for k in range(RUNS):
+            git_commit(seedtree, k)
+            t = time.perf_counter()
+            subprocess.run(["git", "-C", dest, "fetch", "-q", "origin"],
+                           env=genv, check=True)
+            fetches.append(time.perf_counter() - t)
+        res.setdefault("seed repo", {})["sshfs"] = statistics.median(ts)
+        res.setdefault("pull 1 commit", {})["sshfs"] = \
+            statistics.median(fetches)
+        print(f"  seed repo (git clone over ssh) runs: "
+              f"{', '.join(f'{t:.3f}' for t in ts)}", file=sys.stderr)
+        print(f"  pull 1 commit (git fetch over ssh) runs: "
+              f"{', '.join(f'{t:.3f}' for t in fetches)}", file=sys.stderr)
 
 # -- the table ------------------------------------------------------------
 goals = {
@@ -401,7 +545,8 @@ def ratio(a, b):
 
 rows = ["grep -r cold", "grep -r warm", "ls -lR cold", "ls -lR warm",
         "git status cold", "git status warm", "seq read 256MiB",
-        "editor save", "exec true", "exec true (ssh mux)"]
+        "editor save", "exec true", "exec true (ssh mux)", "seed repo",
+        "pull 1 commit"]
 print()
 print(f"sbx remote vs sshfs at {2 * DELAY:.0f} ms RTT "
       f"({E['nfiles']} files, {E['ndirs']} dirs; seconds, median)")
@@ -435,8 +580,13 @@ for row in rows:
           f"{ratio(s, f):>9} | {ratio(s, n):>10} | {goal}")
 mb = 256 * 1048576 / 1e6
 sr = res.get("seq read 256MiB", {})
-print("\nseq read MB/s: " + ", ".join(
-    f"{v} {mb / t:.0f}" for v, t in sr.items()))
+if sr:
+    print("\nseq read MB/s: " + ", ".join(
+        f"{v} {mb / t:.0f}" for v, t in sr.items()))
+if "seed only" in extra:
+    print(f"seed repo: the seed alone (pack, stream, index) took "
+          f"{extra['seed only']:.2f} s of sbx up; its ssh column is git "
+          f"clone, and pull's is git fetch, over the same proxied sshd")
 print("exec true (ssh) opens a new ssh connection per command; "
       "(ssh mux) reuses a ControlMaster connection.")
 print("sshfs options: reconnect,ServerAliveInterval=15, default caches "

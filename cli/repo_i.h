@@ -45,6 +45,27 @@ struct sbx_session;
  */
 int cli_git_fail(int gitrc, const char *fmt, ...) SBX_PRINTF(2, 3);
 
+/* ---- repo_odb.c --------------------------------------------------------- */
+
+/* A set of object ids (open addressing); zero-initialised is empty. */
+struct cli_oidset {
+	struct git_oid *slots;
+	unsigned char *used;
+	size_t cap, n;
+};
+
+struct git_oid;
+bool cli_oidset_has(const struct cli_oidset *s, const struct git_oid *id);
+void cli_oidset_add(struct cli_oidset *s, const struct git_oid *id);
+void cli_oidset_fini(struct cli_oidset *s);
+
+/*
+ * The object ids listed by a pack index (versions 1 and 2) of `len`
+ * bytes: *ids_out (malloc'd, *n_out of them).  -EINVAL when malformed.
+ */
+SBX_WUR int cli_idx_oids(struct git_oid **ids_out, size_t *n_out,
+			 const unsigned char *d, size_t len);
+
 /* ---- repo_tar.c --------------------------------------------------------- */
 
 /*

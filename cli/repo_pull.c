@@ -50,68 +50,7 @@ const char *cli_pull_outcome_name(int outcome)
 	return "unknown";
 }
 
-/* ---- a set of object ids ------------------------------------------------------- */
-
-struct oidset {
-	git_oid *slots;
-	unsigned char *used;
-	size_t cap, n;
-};
-
-static size_t oid_hash(const git_oid *id)
-{
-	size_t h;
-
-	memcpy(&h, id->id, sizeof(h));
-	return h;
-}
-
-static bool set_has(const struct oidset *s, const git_oid *id)
-{
-	if (!s->cap)
-		return false;
-	for (size_t i = oid_hash(id) & (s->cap - 1); s->used[i];
-	     i = (i + 1) & (s->cap - 1))
-		if (git_oid_equal(&s->slots[i], id))
-			return true;
-	return false;
-}
-
-static void set_add(struct oidset *s, const git_oid *id)
-{
-	size_t i;
-
-	if (set_has(s, id))
-		return;
-	if (2 * (s->n + 1) > s->cap) {
-		struct oidset big = { 0 };
-
-		big.cap = s->cap ? 2 * s->cap : 256;
-		big.slots = sbx_xcalloc(big.cap, sizeof(*big.slots));
-		big.used = sbx_xcalloc(big.cap, 1);
-		for (size_t k = 0; k < s->cap; k++)
-			if (s->used[k])
-				set_add(&big, &s->slots[k]);
-		free(s->slots);
-		free(s->used);
-		*s = big;
-	}
-	for (i = oid_hash(id) & (s->cap - 1); s->used[i];
-	     i = (i + 1) & (s->cap - 1))
-		;
-	git_oid_cpy(&s->slots[i], id);
-	s->used[i] = 1;
-	s->n++;
-}
-
-static void set_fini(struct oidset *s)
-{
-	free(s->slots);
-	free(s->used);
-	memset(s, 0, sizeof(*s));
-}
-
-/* ---- receiving ---------------------------------------------------------------- */
+/* ---- receiving ----------------------------------------------------------- */
 
 struct pack_in {
 	char *name;           /* "pack-<hex>" */
@@ -123,7 +62,7 @@ struct pack_in {
 struct recv {
 	git_repository *repo;
 	git_odb *odb;
-	struct oidset fresh;  /* every object that arrived now */
+	struct cli_oidset fresh;  /* every object that arrived now */
 	struct pack_in *packs;
 	size_t npacks;
 	/* the file being received */
@@ -229,43 +168,23 @@ static int take_loose(struct recv *r, const char *name, const void *data,
 		rc = cli_git_fail(rc, "cannot store object %s", hex);
 		goto out;
 	}
-	set_add(&r->fresh, &want);
+	cli_oidset_add(&r->fresh, &want);
 	r->objects++;
 out:
 	sbx_buf_fini(&out);
 	return rc;
 }
 
-/* The object ids in a pack's .idx (versions 1 and 2). */
+/* The object ids in a pack's .idx. */
 static int parse_idx(struct pack_in *p, const unsigned char *d, size_t len)
 {
-	static const unsigned char v2[8] = { 0xff, 't', 'O', 'c', 0, 0, 0, 2 };
-	const unsigned char *fan;
-	size_t n, base, stride;
+	int rc = cli_idx_oids(&p->ids, &p->nids, d, len);
 
-	if (len >= 8 && memcmp(d, v2, 8) == 0) {
-		fan = d + 8;
-		base = 8 + 1024;
-		stride = 20;
-	} else {
-		fan = d;
-		base = 1024 + 4;
-		stride = 24;
-	}
-	if (len < base)
-		goto bad;
-	n = (size_t)fan[1020] << 24 | (size_t)fan[1021] << 16 |
-	    (size_t)fan[1022] << 8 | fan[1023];
-	if (n > (len - base) / stride)
-		goto bad;
-	p->ids = sbx_xcalloc(n + 1, sizeof(git_oid));
-	for (size_t i = 0; i < n; i++)
-		git_oid_fromraw(&p->ids[i], d + base + i * stride);
-	p->nids = n;
+	if (rc < 0)
+		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
+				     "%s.idx from the sandbox is malformed",
+				     p->name);
 	return 0;
-bad:
-	return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-			     "%s.idx from the sandbox is malformed", p->name);
 }
 
 static struct pack_in *pack_by_file(struct recv *r, const char *name)
@@ -325,7 +244,7 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 						    name);
 			r->objects += r->stats.indexed_objects;
 			for (size_t i = 0; p && i < p->nids; i++)
-				set_add(&r->fresh, &p->ids[i]);
+				cli_oidset_add(&r->fresh, &p->ids[i]);
 		}
 		return 0;
 	}
@@ -343,7 +262,9 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 		struct pack_in *p = pack_by_file(r, name);
 
 		if (p)
-			rc = parse_idx(p, (const unsigned char *)sbx_buf_ptr(&r->buf),
+			rc = parse_idx(p,
+				       (const unsigned char *)sbx_buf_ptr(
+					       &r->buf),
 				       sbx_buf_len(&r->buf));
 	} else {
 		rc = take_loose(r, name, sbx_buf_ptr(&r->buf),
@@ -353,7 +274,7 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 	return rc;
 }
 
-/* ---- the history check ---------------------------------------------------------- */
+/* ---- the history check --------------------------------------------------- */
 
 /*
  * Is everything reachable from `tip` here?  Objects that did not arrive
@@ -363,22 +284,22 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
  */
 static int complete(struct recv *r, const git_oid *tip, git_oid *missing)
 {
-	struct oidset seen = { 0 };
+	struct cli_oidset seen = { 0 };
 	git_oid *queue = NULL;
 	size_t qn = 0, qcap = 0;
 	int rc = 1;
 
 #define PUSH(id)                                                        \
-	do {                                                              \
-		if (!set_has(&seen, (id))) {                              \
-			set_add(&seen, (id));                             \
-			if (qn == qcap) {                                 \
-				qcap = qcap ? 2 * qcap : 64;              \
-				queue = sbx_xrealloc(queue,               \
-						     qcap * sizeof(*queue)); \
-			}                                                 \
-			git_oid_cpy(&queue[qn++], (id));                  \
-		}                                                         \
+	do {                                                            \
+		if (!cli_oidset_has(&seen, (id))) {                     \
+			cli_oidset_add(&seen, (id));                    \
+			if (qn == qcap) {                               \
+				qcap = qcap ? 2 * qcap : 64;            \
+				queue = sbx_xrealloc(                   \
+					queue, qcap * sizeof(*queue));  \
+			}                                               \
+			git_oid_cpy(&queue[qn++], (id));                \
+		}                                                       \
 	} while (0)
 
 	PUSH(tip);
@@ -393,7 +314,7 @@ static int complete(struct recv *r, const git_oid *tip, git_oid *missing)
 			rc = 0;
 			break;
 		}
-		if (!set_has(&r->fresh, &id) && !git_oid_equal(&id, tip))
+		if (!cli_oidset_has(&r->fresh, &id) && !git_oid_equal(&id, tip))
 			continue; /* was here before: complete */
 		if (git_object_lookup(&o, r->repo, &id, GIT_OBJECT_ANY) < 0) {
 			rc = cli_git_fail(-1, "cannot read object %s",
@@ -433,11 +354,11 @@ static int complete(struct recv *r, const git_oid *tip, git_oid *missing)
 	/* A shallow sandbox's boundary parents are here (they came from
 	 * this repository), so no special case is needed. */
 	free(queue);
-	set_fini(&seen);
+	cli_oidset_fini(&seen);
 	return rc;
 }
 
-/* ---- pull ----------------------------------------------------------------------- */
+/* ---- pull ---------------------------------------------------------------- */
 
 static bool seeded_keep(const struct sbx_repo_pack *p)
 {
@@ -563,7 +484,7 @@ static void recv_fini(struct recv *r)
 	}
 	free(r->packs);
 	sbx_buf_fini(&r->buf);
-	set_fini(&r->fresh);
+	cli_oidset_fini(&r->fresh);
 	git_odb_free(r->odb);
 }
 
@@ -659,8 +580,8 @@ static int update_branch(git_repository *repo, const char *session,
 	if (git_branch_is_checked_out(ref) == 1) {
 		rc = sbx_error_set(
 			SBX_ERR_STATE, -EBUSY,
-			"not pulled: " CLI_BRANCH_PREFIX "%s is checked out, and "
-			"moving it would leave that checkout behind; the "
+			"not pulled: " CLI_BRANCH_PREFIX "%s is checked out, "
+			"and moving it would leave that checkout behind; the "
 			"sandbox's head %s is in %s: run `git merge --ff-only "
 			"%s` in that checkout",
 			session, b, pulled, pulled);
@@ -740,7 +661,7 @@ int cli_repo_pull(struct cli_pull_result *out, struct sbx_sandbox *sb,
 		git_oid id;
 
 		if (git_oid_fromstr(&id, st.loose[i]) == 0)
-			set_add(&r.fresh, &id);
+			cli_oidset_add(&r.fresh, &id);
 	}
 	rc = complete(&r, &tip, NULL);
 	if (rc == 0)

@@ -45,7 +45,7 @@
 #include "sbx/xmalloc.h"
 #include "repo_i.h"
 
-/* ---- libgit2 errors ---------------------------------------------------------- */
+/* ---- libgit2 errors ------------------------------------------------------ */
 
 int cli_git_fail(int gitrc, const char *fmt, ...)
 {
@@ -87,7 +87,7 @@ int cli_git_fail(int gitrc, const char *fmt, ...)
 /* A submodule entry (mode 160000). */
 #define IS_GITLINK(m) (((m) & 0170000) == 0160000)
 
-/* ---- state ------------------------------------------------------------------- */
+/* ---- state --------------------------------------------------------------- */
 
 /* One path that --carry-changes brings along. */
 struct carried {
@@ -121,8 +121,11 @@ struct cli_seed {
 	atomic_bool pack_done;   /* set by the pack thread as it ends */
 	int pack_rc;
 	struct sbx_error pack_err;
-	char *pack_name;      /* "pack-<hex>" */
+	char *pack_name;      /* "pack-<hex>" built here, or NULL */
 	size_t pack_objects;
+	char **reuse;         /* the repository's packs sent as they are:
+			       * paths without ".pack" */
+	size_t nreuse;
 	git_oid *shallow;
 	size_t nshallow;
 };
@@ -141,7 +144,7 @@ static char *dir_nodash(const char *p)
 	return sbx_xstrndup(p, n);
 }
 
-/* ---- prepare ----------------------------------------------------------------- */
+/* ---- prepare ------------------------------------------------------------- */
 
 static int open_repo(struct cli_seed *sd, const char *dir)
 {
@@ -353,8 +356,9 @@ static int capture_changes(struct cli_seed *sd)
 		c = &sd->carry[sd->ncarry++];
 		c->path = sbx_xstrdup(path);
 		c->status = e->status;
-		if (e->status & (GIT_STATUS_INDEX_NEW | GIT_STATUS_INDEX_MODIFIED |
-				 GIT_STATUS_INDEX_TYPECHANGE)) {
+		if (e->status &
+		    (GIT_STATUS_INDEX_NEW | GIT_STATUS_INDEX_MODIFIED |
+		     GIT_STATUS_INDEX_TYPECHANGE)) {
 			const git_index_entry *ie =
 				git_index_get_bypath(idx, path, 0);
 
@@ -376,7 +380,7 @@ out:
 	return rc;
 }
 
-/* ---- the pack ---------------------------------------------------------------- */
+/* ---- the pack ------------------------------------------------------------ */
 
 static bool oid_in(const git_oid *set, size_t n, const git_oid *id)
 {
@@ -419,11 +423,12 @@ static int insert_shallow(struct cli_seed *sd, git_repository *repo,
 						  git_oid_tostr_s(&level[i]));
 				break;
 			}
-			for (unsigned p = 0; p < git_commit_parentcount(c); p++) {
+			for (unsigned p = 0; p < git_commit_parentcount(c);
+			     p++) {
 				if (nnext == cap || !next) {
 					cap = cap ? 2 * cap : 16;
-					next = sbx_xrealloc(next,
-							    cap * sizeof(*next));
+					next = sbx_xrealloc(
+						next, cap * sizeof(*next));
 				}
 				git_oid_cpy(&next[nnext++],
 					    git_commit_parent_id(c, p));
@@ -464,12 +469,143 @@ static int insert_shallow(struct cli_seed *sd, git_repository *repo,
 	return rc;
 }
 
+/* Every object reachable from `start` (git rev-list --objects). */
+static int walk_tree(git_repository *repo, const git_oid *id,
+		     struct cli_oidset *set)
+{
+	git_tree *t = NULL;
+	int rc;
+
+	if (cli_oidset_has(set, id))
+		return 0;
+	cli_oidset_add(set, id);
+	rc = git_tree_lookup(&t, repo, id);
+	if (rc < 0)
+		return cli_git_fail(rc, "cannot read tree %s",
+				    git_oid_tostr_s(id));
+	for (size_t i = 0; rc == 0 && i < git_tree_entrycount(t); i++) {
+		const git_tree_entry *e = git_tree_entry_byindex(t, i);
+
+		switch (git_tree_entry_type(e)) {
+		case GIT_OBJECT_TREE:
+			rc = walk_tree(repo, git_tree_entry_id(e), set);
+			break;
+		case GIT_OBJECT_BLOB:
+			cli_oidset_add(set, git_tree_entry_id(e));
+			break;
+		default: /* a submodule's commit: not ours */
+			break;
+		}
+	}
+	git_tree_free(t);
+	return rc;
+}
+
+static int reachable(git_repository *repo, const git_oid *start,
+		     struct cli_oidset *set)
+{
+	git_revwalk *w = NULL;
+	git_oid c;
+	int rc;
+
+	rc = git_revwalk_new(&w, repo);
+	if (rc == 0)
+		rc = git_revwalk_push(w, start);
+	while (rc == 0 && (rc = git_revwalk_next(&c, w)) == 0) {
+		git_commit *commit = NULL;
+
+		cli_oidset_add(set, &c);
+		rc = git_commit_lookup(&commit, repo, &c);
+		if (rc == 0)
+			rc = walk_tree(repo, git_commit_tree_id(commit), set);
+		git_commit_free(commit);
+	}
+	git_revwalk_free(w);
+	if (rc == GIT_ITEROVER)
+		return 0;
+	if (rc < 0 && sbx_error_last()->klass != SBX_ERR_GIT)
+		rc = cli_git_fail(rc, "cannot walk the history of %s",
+				  git_oid_tostr_s(start));
+	return rc;
+}
+
+/*
+ * Full history: the repository's own packs that hold any needed object
+ * go as they are (as a local clone hardlinks them: no compression, no
+ * delta search; a local sandbox sees the whole repository too), and only
+ * what is in none of them (loose objects: recent commits) is packed
+ * here.  *left_out gets those, *nleft_out of them.
+ */
+static int reuse_packs(struct cli_seed *sd, git_repository *repo,
+		       const struct cli_oidset *need, git_oid **left_out,
+		       size_t *nleft_out)
+{
+	struct cli_oidset covered = { 0 };
+	char *dir = sbx_xasprintf("%sobjects/pack",
+				  git_repository_commondir(repo));
+	struct dirent *e;
+	DIR *d = opendir(dir);
+	size_t nleft = 0;
+	git_oid *left;
+
+	while (d && (e = readdir(d))) {
+		size_t n = strlen(e->d_name), nids = 0, hits = 0;
+		char *path, *data = NULL;
+		git_oid *ids = NULL;
+		size_t len = 0;
+
+		if (n < 10 || strncmp(e->d_name, "pack-", 5) ||
+		    strcmp(e->d_name + n - 4, ".idx"))
+			continue;
+		path = sbx_xasprintf("%s/%s", dir, e->d_name);
+		if (sbx_file_read(path, (size_t)1 << 31, &data, &len) == 0 &&
+		    cli_idx_oids(&ids, &nids, (unsigned char *)data, len) ==
+			    0) {
+			for (size_t i = 0; i < nids; i++)
+				hits += cli_oidset_has(need, &ids[i]);
+		}
+		sbx_error_clear();
+		if (hits) {
+			char *pack = sbx_xasprintf("%.*s.pack",
+						   (int)(strlen(path) - 4),
+						   path);
+
+			if (access(pack, R_OK) == 0) {
+				for (size_t i = 0; i < nids; i++)
+					cli_oidset_add(&covered, &ids[i]);
+				sd->reuse = sbx_xrealloc(
+					sd->reuse,
+					(sd->nreuse + 1) * sizeof(char *));
+				sd->reuse[sd->nreuse++] = sbx_xstrndup(
+					path, strlen(path) - 4);
+			}
+			free(pack);
+		}
+		free(ids);
+		free(data);
+		free(path);
+	}
+	if (d)
+		closedir(d);
+	free(dir);
+	left = sbx_xcalloc(need->n + 1, sizeof(git_oid));
+	for (size_t i = 0; i < need->cap; i++)
+		if (need->used[i] && !cli_oidset_has(&covered, &need->slots[i]))
+			git_oid_cpy(&left[nleft++], &need->slots[i]);
+	cli_oidset_fini(&covered);
+	*left_out = left;
+	*nleft_out = nleft;
+	return 0;
+}
+
 static void *pack_main(void *arg)
 {
 	struct cli_seed *sd = arg;
 	git_repository *repo = NULL;
 	git_packbuilder *pb = NULL;
-	git_revwalk *walk = NULL;
+	struct cli_oidset need = { 0 };
+	git_oid *left = NULL;
+	size_t nleft = 0;
 	int rc;
 
 	/* Its own handle: libgit2 objects are not shared across threads. */
@@ -484,28 +620,35 @@ static void *pack_main(void *arg)
 		goto out;
 	}
 	git_packbuilder_set_threads(pb, 0);
-	if (sd->depth > 0) {
+	if (sd->depth > 0)
 		rc = insert_shallow(sd, repo, pb);
-	} else {
-		rc = git_revwalk_new(&walk, repo);
-		if (rc == 0)
-			rc = git_revwalk_push(walk, &sd->start);
-		if (rc == 0)
-			rc = git_packbuilder_insert_walk(pb, walk);
-		if (rc < 0)
-			rc = cli_git_fail(rc, "cannot collect the history of "
-					  "%s", git_oid_tostr_s(&sd->start));
-	}
+	else
+		rc = reachable(repo, &sd->start, &need);
 	/* Blobs staged in the checkout, for the carried index entries. */
 	for (size_t i = 0; rc == 0 && i < sd->ncarry; i++) {
 		const git_index_entry *e = &sd->carry[i].entry;
 
 		if (!sd->carry[i].staged || IS_GITLINK(e->mode))
 			continue;
-		rc = git_packbuilder_insert(pb, &e->id, e->path);
+		if (sd->depth > 0)
+			rc = git_packbuilder_insert(pb, &e->id, e->path);
+		else
+			cli_oidset_add(&need, &e->id);
 		if (rc < 0)
 			rc = cli_git_fail(rc, "cannot pack the staged %s",
 					  e->path);
+	}
+	if (rc == 0 && sd->depth == 0) {
+		rc = reuse_packs(sd, repo, &need, &left, &nleft);
+		sd->pack_objects = need.n;
+		for (size_t i = 0; rc == 0 && i < nleft; i++) {
+			rc = git_packbuilder_insert(pb, &left[i], NULL);
+			if (rc < 0)
+				rc = cli_git_fail(rc, "cannot pack %s",
+						  git_oid_tostr_s(&left[i]));
+		}
+		if (rc == 0 && nleft == 0)
+			goto out; /* the repository's packs hold it all */
 	}
 	if (rc < 0)
 		goto out;
@@ -515,13 +658,15 @@ static void *pack_main(void *arg)
 		goto out;
 	}
 	sd->pack_name = sbx_xasprintf("pack-%s", git_packbuilder_name(pb));
-	sd->pack_objects = git_packbuilder_object_count(pb);
+	if (sd->depth > 0)
+		sd->pack_objects = git_packbuilder_object_count(pb);
 	rc = 0;
 out:
 	if (rc < 0)
 		sd->pack_err = *sbx_error_last();
 	sd->pack_rc = rc;
-	git_revwalk_free(walk);
+	free(left);
+	cli_oidset_fini(&need);
 	git_packbuilder_free(pb);
 	git_repository_free(repo);
 	atomic_store(&sd->pack_done, true);
@@ -587,7 +732,7 @@ fail:
 	return rc;
 }
 
-/* ---- the stream -------------------------------------------------------------- */
+/* ---- the stream ---------------------------------------------------------- */
 
 struct producer {
 	struct cli_seed *sd;
@@ -944,26 +1089,36 @@ static int send_git_dir(struct producer *p, git_index *idx)
 	rc = pack_wait(sd);
 	if (rc < 0)
 		return rc;
-	{
+	git_oid_tostr(oid, sizeof(oid), &sd->start);
+	text = sbx_xasprintf("sbx seed %s\n", oid);
+	for (size_t k = 0; rc == 0 && k <= sd->nreuse; k++) {
 		static const char *const ext[] = { "pack", "idx" };
+		char *prefix = k < sd->nreuse
+				       ? sbx_xstrdup(sd->reuse[k])
+				       : sd->pack_name
+						 ? sbx_xasprintf("%s/%s",
+								 sd->tmpdir,
+								 sd->pack_name)
+						 : NULL;
+		const char *base = prefix ? strrchr(prefix, '/') + 1 : NULL;
 
-		for (size_t i = 0; i < 2 && rc == 0; i++) {
-			name = sbx_xasprintf(".git/objects/pack/%s.%s",
-					     sd->pack_name, ext[i]);
-			path = sbx_xasprintf("%s/%s.%s", sd->tmpdir,
-					     sd->pack_name, ext[i]);
+		for (size_t i = 0; prefix && i < 2 && rc == 0; i++) {
+			name = sbx_xasprintf(".git/objects/pack/%s.%s", base,
+					     ext[i]);
+			path = sbx_xasprintf("%s.%s", prefix, ext[i]);
 			rc = send_file_at(p, name, path, 0444);
 			free(name);
 			free(path);
 		}
+		if (prefix && rc == 0) {
+			name = sbx_xasprintf(".git/objects/pack/%s.keep",
+					     base);
+			rc = cli_tar_file(&p->tar, name, 0644, p->now, text,
+					  strlen(text));
+			free(name);
+		}
+		free(prefix);
 	}
-	name = sbx_xasprintf(".git/objects/pack/%s.keep", sd->pack_name);
-	git_oid_tostr(oid, sizeof(oid), &sd->start);
-	text = sbx_xasprintf("sbx seed %s\n", oid);
-	if (rc == 0)
-		rc = cli_tar_file(&p->tar, name, 0644, p->now, text,
-				  strlen(text));
-	free(name);
 	free(text);
 
 	/* The index, last: the agent refreshes it after extracting. */
@@ -1137,6 +1292,9 @@ void cli_seed_free(struct cli_seed *sd)
 		free(sd->carry[i].path);
 	free(sd->carry);
 	free(sd->shallow);
+	for (size_t i = 0; i < sd->nreuse; i++)
+		free(sd->reuse[i]);
+	free(sd->reuse);
 	free(sd->pack_name);
 	free(sd->tmpdir);
 	free(sd->exclude);

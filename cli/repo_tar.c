@@ -164,7 +164,8 @@ int cli_tar_file_fd(struct cli_tar *t, const char *name, unsigned mode,
 		return rc;
 	buf = sbx_xmalloc(CHUNK);
 	while (rc == 0 && done < size) {
-		size_t want = size - done < CHUNK ? (size_t)(size - done) : CHUNK;
+		size_t want = size - done < CHUNK ? (size_t)(size - done)
+						  : CHUNK;
 		ssize_t n = pread(fd, buf, want, (off_t)done);
 
 		if (n < 0 && errno == EINTR)

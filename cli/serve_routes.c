@@ -330,6 +330,7 @@ static int h_get(struct serve_req *r, const char *name)
 		return serve_reply_error(r, SBX_STATUS_FILE_ERROR);
 	}
 	j = sbx_status_new(&s);
+	sbx_status_probe(j, &s, SBX_STATUS_PING_MS);
 	sbx_session_fini(&s);
 	ret = serve_reply_json(r, MHD_HTTP_OK, j);
 	cJSON_Delete(j);
@@ -372,6 +373,13 @@ static int run_up(cJSON **status_out, const char **type_out,
 	o.ref = sbx_json_str(j->body, "ref");
 	o.mount = sbx_json_str(j->body, "mount");
 	o.carry = sbx_json_bool(j->body, "carry_changes", false);
+	o.no_repo = sbx_json_bool(j->body, "no_repo", false);
+	{
+		const cJSON *d = cJSON_GetObjectItemCaseSensitive(j->body,
+								  "depth");
+
+		o.depth = cJSON_IsNumber(d) ? (int)d->valuedouble : 0;
+	}
 	o.flags = j->flags;
 	o.config_file = cli_g.config_file;
 	pthread_mutex_lock(&j->srv->ops_lock);
@@ -429,8 +437,15 @@ static int body_flags(cJSON **out, const cJSON *body)
 			/* "local": {...}, "remote": {...}, ... */
 			sbx_json_set_take(flags, it->string,
 					  cJSON_Duplicate(it, 1));
-		} else if (strcmp(it->string, "carry_changes") == 0) {
+		} else if (strcmp(it->string, "carry_changes") == 0 ||
+			   strcmp(it->string, "no_repo") == 0) {
 			if (!cJSON_IsBool(it))
+				goto bad;
+		} else if (strcmp(it->string, "depth") == 0) {
+			/* commits of history for a sandbox elsewhere; 0: all */
+			if (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
+			    it->valuedouble > 1e9 ||
+			    it->valuedouble != (double)(int)it->valuedouble)
 				goto bad;
 		} else if (strcmp(it->string, "repo") == 0 ||
 			   strcmp(it->string, "ref") == 0 ||

@@ -126,7 +126,8 @@ int premote_repo_state(struct sbx_sandbox *sb, const char *path,
 	out->loose = sbx_xcalloc(n + 1, sizeof(char *));
 	cJSON_ArrayForEach(it, loose)
 		if (cJSON_IsString(it) && strlen(it->valuestring) == 40)
-			out->loose[out->nloose++] = sbx_xstrdup(it->valuestring);
+			out->loose[out->nloose++] =
+				sbx_xstrdup(it->valuestring);
 	n = (size_t)cJSON_GetArraySize(packs);
 	out->packs = sbx_xcalloc(n + 1, sizeof(*out->packs));
 	cJSON_ArrayForEach(it, packs)

@@ -51,7 +51,8 @@ static void test_sha1_vectors(void **state)
 	/* a million 'a', fed in uneven pieces */
 	memset(a, 'a', 1000000);
 	agent_sha1_init(&c);
-	for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 7 % 997 + 1)
+	for (size_t off = 0, step = 1; off < 1000000;
+	     off += step, step = step * 7 % 997 + 1)
 		agent_sha1_update(&c, a + off,
 				  off + step > 1000000 ? 1000000 - off : step);
 	agent_sha1_final(&c, d);
@@ -60,11 +61,12 @@ static void test_sha1_vectors(void **state)
 	free(a);
 }
 
-/* ---- an index image built by hand ------------------------------------------ */
+/* ---- an index image built by hand ---------------------------------------- */
 
 static void put32(struct sbx_buf *b, uint32_t v)
 {
-	unsigned char p[4] = { (unsigned char)(v >> 24), (unsigned char)(v >> 16),
+	unsigned char p[4] = { (unsigned char)(v >> 24),
+			       (unsigned char)(v >> 16),
 			       (unsigned char)(v >> 8), (unsigned char)v };
 
 	assert_int_equal(sbx_buf_add(b, p, 4), 0);
