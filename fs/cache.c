@@ -171,7 +171,19 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (!dir->prefetched && !dir->complete)
 		list_prefetch(c, dir);
 	k = tree_kid_find(dir, name);
-	if (k && k->slot == S_PRESENT && k->st_valid &&
+	if (k && k->dirty) {
+		/*
+		 * Buffered writes change the size: a LOOKUP reply carries
+		 * attributes the kernel keeps (600 s), so they must be the
+		 * sandbox's after the push, not the cached ones.
+		 */
+		cache_unlock(c);
+		rc = wb_push_node(c, k);
+		if (rc < 0)
+			return rc;
+		cache_lock(c);
+	}
+	if (k && k->slot == S_PRESENT && k->st_valid && !k->dirty &&
 	    cache_fresh(c, k->st_time)) {
 		*st = k->st;
 		st->st_nlink = tree_visible_nlink(k, st->st_nlink);

@@ -305,6 +305,8 @@ void wb_io_end(struct cache *c, struct cache_io *io);
 int wb_push(struct cache *c, struct cfile *f);
 /* Push every buffered write of node n (all its open files). */
 int wb_push_node(struct cache *c, struct cnode *n);
+/* Push every buffered write of the files in directory dir. */
+int wb_push_dir(struct cache *c, struct cnode *dir);
 /* Push every buffered write of the sandbox. */
 int wb_push_all(struct cache *c);
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,

@@ -242,6 +242,10 @@ int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
 	int rc;
 
 	*out = NULL;
+	/* readdirplus hands the kernel every entry's size: push first. */
+	rc = wb_push_dir(c, n);
+	if (rc < 0)
+		return rc;
 	cache_lock(c);
 	if (!n->prefetched && !n->complete)
 		list_prefetch(c, n);

@@ -213,10 +213,11 @@ int wb_push(struct cache *c, struct cfile *f)
 }
 
 /*
- * Take a reference to every dirty file of n (every file when n is NULL)
- * and push them one by one.  Returns the first error; every file is tried.
+ * Take a reference to every dirty file of n, or of the children of dir
+ * (every file when both are NULL) and push them one by one.  Returns the first error; every file is tried.
  */
-static int push_matching(struct cache *c, struct cnode *n)
+static int push_matching(struct cache *c, struct cnode *n, struct cnode *dir,
+			 struct cfile *skip)
 {
 	struct cfile **fs = NULL;
 	size_t nf = 0, cap = 0;
@@ -224,7 +225,8 @@ static int push_matching(struct cache *c, struct cnode *n)
 
 	cache_lock(c);
 	for (struct cfile *f = c->dirty; f; f = f->dnext) {
-		if (n && f->node != n)
+		if ((n && f->node != n) || (dir && f->node->parent != dir) ||
+		    f == skip)
 			continue;
 		if (nf == cap) {
 			cap = cap ? cap * 2 : 8;
@@ -247,20 +249,42 @@ static int push_matching(struct cache *c, struct cnode *n)
 
 int wb_push_node(struct cache *c, struct cnode *n)
 {
-	return push_matching(c, n);
+	return push_matching(c, n, NULL, NULL);
+}
+
+int wb_push_dir(struct cache *c, struct cnode *dir)
+{
+	return push_matching(c, NULL, dir, NULL);
 }
 
 int wb_push_all(struct cache *c)
 {
-	return push_matching(c, NULL);
+	return push_matching(c, NULL, NULL, NULL);
 }
 
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		 size_t size, off_t off)
 {
 	ssize_t ret = (ssize_t)size;
+	bool others = false;
 	int rc;
 
+	/*
+	 * Writes through several descriptors of one file must reach the
+	 * sandbox in the order they were made, and an O_APPEND write must
+	 * land after them: push the other descriptors' buffers first, so at
+	 * most one descriptor of a file holds unpushed bytes.  (Not under
+	 * f->wlock: two wlocks are never held at once.)
+	 */
+	cache_lock(c);
+	for (struct cfile *o = c->dirty; o && !others; o = o->dnext)
+		others = o != f && o->node == f->node;
+	cache_unlock(c);
+	if (others) {
+		rc = push_matching(c, f->node, NULL, f);
+		if (rc < 0)
+			return rc;
+	}
 	pthread_mutex_lock(&f->wlock);
 	/* Appends must land at the real end: do not reorder them. */
 	if (f->flags & O_APPEND) {
