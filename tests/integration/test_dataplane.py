@@ -299,3 +299,43 @@ def test_writes_through_two_descriptors_keep_their_order(sandbox):
     os.close(ap)
     os.close(w)
     assert (m / "p").read_bytes() == b"w" * 1000 + b"tail"
+
+
+def test_copy_file_range_sizes_match_a_local_disk(sandbox, tmp_path):
+    # Repro 7 of the data-plane issue: a 16 MiB file with 1 MiB operations
+    # reported the wrong size right after a copy (remote).  Every operation
+    # is done on the mount and on a plain directory, sizes compared.
+    import random
+    rnd = random.Random(7)
+    fm = [os.open(sandbox.mnt / n, os.O_RDWR | os.O_CREAT, 0o644)
+          for n in ("cf", "cg")]
+    fp = [os.open(tmp_path / n, os.O_RDWR | os.O_CREAT, 0o644)
+          for n in ("cf", "cg")]
+    try:
+        for i in range(300):
+            op = rnd.choice(["write", "copy", "copy", "trunc", "read"])
+            off, n, k = (rnd.randrange(16 << 20), rnd.randrange(1, 1 << 20),
+                         rnd.randrange(2))
+            if op == "write":
+                d = os.urandom(n)
+                os.pwrite(fm[k], d, off)
+                os.pwrite(fp[k], d, off)
+            elif op == "copy":
+                src = rnd.randrange(max(1, os.fstat(fp[1 - k]).st_size))
+                assert os.copy_file_range(fm[1 - k], fm[k], n, src, off) == \
+                    os.copy_file_range(fp[1 - k], fp[k], n, src, off), i
+            elif op == "trunc":
+                os.ftruncate(fm[k], off)
+                os.ftruncate(fp[k], off)
+            else:
+                assert os.pread(fm[k], n, off) == os.pread(fp[k], n, off), i
+            for j in range(2):
+                assert os.fstat(fm[j]).st_size == os.fstat(fp[j]).st_size, \
+                    (i, op, j)
+                assert os.stat(sandbox.mnt / ("cf", "cg")[j]).st_size == \
+                    os.fstat(fp[j]).st_size, (i, op, j)
+    finally:
+        for fd in fm + fp:
+            os.close(fd)
+    for n in ("cf", "cg"):
+        assert (sandbox.mnt / n).read_bytes() == (tmp_path / n).read_bytes()
