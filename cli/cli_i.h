@@ -244,4 +244,8 @@ int cli_cmd_serve(int argc, char **argv);
 /* cmd_pull.c: `sbx pull` (repo_i.h). */
 int cli_cmd_pull(int argc, char **argv);
 
+/* Write all of p to fd, retrying on EINTR; gives up silently on error
+ * (for messages to a pipe whose reader may be gone). */
+void cli_write_all(int fd, const char *p, size_t n);
+
 #endif

@@ -62,26 +62,6 @@ static int gc_found(const struct sbx_sandbox_info *info, void *payload)
 	return 0;
 }
 
-/* Undo mountinfo's octal escapes (\040 for a space, ...). */
-static char *unescape(const char *s, size_t n)
-{
-	char *out = sbx_xmalloc(n + 1), *o = out;
-
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] == '\\' && i + 3 < n && s[i + 1] >= '0' &&
-		    s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
-		    s[i + 3] >= '0' && s[i + 3] <= '7') {
-			*o++ = (char)((s[i + 1] - '0') * 64 +
-				      (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-			i += 3;
-		} else {
-			*o++ = s[i];
-		}
-	}
-	*o = '\0';
-	return out;
-}
-
 /* The mountpoints of fuse.sbx mounts with source "sbx:NAME". */
 static size_t session_mounts(char ***out, const char *name)
 {
@@ -105,10 +85,10 @@ static size_t session_mounts(char ***out, const char *name)
 		len = strcspn(p, " ");
 		fs = sbx_xstrndup(sep + 3, strcspn(sep + 3, " "));
 		src = sep[3] ? strchr(sep + 3, ' ') : NULL;
-		src = src ? unescape(src + 1, strcspn(src + 1, " \n"))
+		src = src ? sbx_mountinfo_unescape(src + 1, strcspn(src + 1, " \n"))
 			  : sbx_xstrdup("");
 		if (!strcmp(fs, "fuse.sbx") && !strcmp(src, want)) {
-			mp = unescape(p, len);
+			mp = sbx_mountinfo_unescape(p, len);
 			*out = sbx_xrealloc(*out, (n + 1) * sizeof(**out));
 			(*out)[n++] = mp;
 		}

@@ -92,7 +92,7 @@ out:
 	return rc;
 }
 
-static void write_all(int fd, const char *p, size_t n)
+void cli_write_all(int fd, const char *p, size_t n)
 {
 	while (n) {
 		ssize_t w = write(fd, p, n);
@@ -163,7 +163,7 @@ static void child(const struct sbx_session *s, int ready_w, int err_w,
 				 e->code ? e->code : rc, e->msg);
 
 		if (n > 0)
-			write_all(err_w, msg,
+			cli_write_all(err_w, msg,
 				  (size_t)n < sizeof(msg) ? (size_t)n
 							  : sizeof(msg) - 1);
 	}

@@ -136,20 +136,6 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return;
-		p += w;
-		n -= (size_t)w;
-	}
-}
-
 /* Start the child that computes the status object of `s`. */
 static void job_start(struct job *j, const struct sbx_session *s,
 		      int timeout_ms)
@@ -173,7 +159,7 @@ static void job_start(struct job *j, const struct sbx_session *s,
 		close(p[0]);
 		st = cli_status_object(s, ping);
 		text = sbx_json_print(st, false);
-		write_all(p[1], text, strlen(text));
+		cli_write_all(p[1], text, strlen(text));
 		_exit(0);
 	}
 	close(p[1]);

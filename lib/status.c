@@ -84,8 +84,7 @@ void sbx_mount_entry_fini(struct sbx_mount_entry *e)
 	memset(e, 0, sizeof(*e));
 }
 
-/* Undo mountinfo's octal escapes (\040 space, \011 tab, \012, \134). */
-static char *unescape(const char *s, size_t n)
+char *sbx_mountinfo_unescape(const char *s, size_t n)
 {
 	char *out = sbx_xmalloc(n + 1), *o = out;
 
@@ -142,7 +141,7 @@ int sbx_mountinfo_find(struct sbx_mount_entry *out, const char *mountinfo,
 		sep = strstr(line, " - ");
 		if (!mp || !sep)
 			continue;
-		m = unescape(mp, mlen);
+		m = sbx_mountinfo_unescape(mp, mlen);
 		if (strcmp(m, mountpoint) != 0) {
 			free(m);
 			continue;
@@ -156,8 +155,8 @@ int sbx_mountinfo_find(struct sbx_mount_entry *out, const char *mountinfo,
 		/* Later lines are mounted on top: keep the last match. */
 		sbx_mount_entry_fini(out);
 		out->mountpoint = m;
-		out->fstype = unescape(fs, flen);
-		out->source = unescape(src, slen);
+		out->fstype = sbx_mountinfo_unescape(fs, flen);
+		out->source = sbx_mountinfo_unescape(src, slen);
 		rc = 0;
 	}
 	free(line);

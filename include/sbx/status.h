@@ -66,6 +66,12 @@ struct sbx_mount_entry {
 void sbx_mount_entry_fini(struct sbx_mount_entry *e);
 
 /*
+ * The first n bytes of a mountinfo field with its octal escapes undone
+ * (\040 space, \011 tab, \012 newline, \134 backslash).  malloc'd.
+ */
+char *sbx_mountinfo_unescape(const char *s, size_t n);
+
+/*
  * Find the topmost mount at `mountpoint` (exact, absolute path) in the
  * mountinfo file `mountinfo` (NULL: /proc/self/mountinfo).  0 and *out
  * filled when found; -ENOENT (no error recorded) when nothing is mounted
