@@ -277,8 +277,8 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 	 * f->wlock: two wlocks are never held at once.)
 	 */
 	cache_lock(c);
-	for (struct cfile *o = c->dirty; o && !others; o = o->dnext)
-		others = o != f && o->node == f->node;
+	/* node->dirty counts its descriptors on c->dirty, f among them or not. */
+	others = f->node->dirty > (f->on_dirty ? 1u : 0u);
 	cache_unlock(c);
 	if (others) {
 		rc = push_matching(c, f->node, NULL, f);
