@@ -38,6 +38,7 @@
 
 #include <git2.h>
 
+#include "sbx/gitsource.h"
 #include "sbx/buf.h"
 #include "sbx/log.h"
 #include "sbx/paths.h"
@@ -148,38 +149,11 @@ static char *dir_nodash(const char *p)
 
 static int open_repo(struct cli_seed *sd, const char *dir)
 {
-	git_buf found = GIT_BUF_INIT;
-	char cwd[4096];
-	struct stat st;
-	int rc;
+	int rc = sbx_git_open_source(&sd->repo, dir);
 
-	if (!dir) {
-		if (!getcwd(cwd, sizeof(cwd)))
-			return sbx_error_os("getcwd");
-		dir = cwd;
-	} else if (stat(dir, &st) < 0) {
-		return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
-				     "repository %s: %s", dir,
-				     strerror(errno));
-	}
-	rc = git_repository_discover(&found, dir, 0, NULL);
-	if (rc == GIT_ENOTFOUND)
-		return sbx_error_setd(SBX_ERR_CONFIG, -EINVAL, rc,
-				      "%s is not inside a git repository; "
-				      "run sbx inside one or pass --repo DIR",
-				      dir);
 	if (rc < 0)
-		return cli_git_fail(rc, "cannot look for a git repository "
-				    "at %s", dir);
-	rc = git_repository_open(&sd->repo, found.ptr);
-	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot open the git repository at %s",
-				  found.ptr);
-		git_buf_dispose(&found);
 		return rc;
-	}
-	sd->repo_path = sbx_xstrdup(found.ptr);
-	git_buf_dispose(&found);
+	sd->repo_path = sbx_xstrdup(git_repository_path(sd->repo));
 	if (!git_repository_workdir(sd->repo))
 		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
 				     "%s is a bare repository: a sandbox "

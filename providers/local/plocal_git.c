@@ -30,6 +30,7 @@
 #include <git2.h>
 #include <git2/sys/repository.h>
 
+#include "sbx/gitsource.h"
 #include "sbx/error.h"
 #include "sbx/paths.h"
 #include "sbx/xmalloc.h"
@@ -607,7 +608,7 @@ static int refuse_if_dirty(git_repository *repo, const char *session)
  * upwards.  A linked worktree is fine: libgit2 adds new worktrees to its
  * common dir, and its HEAD and changes are the ones the user sees there.
  */
-static int open_source(git_repository **out, const char *dir)
+int sbx_git_open_source(git_repository **out, const char *dir)
 {
 	git_buf found = GIT_BUF_INIT;
 	char cwd[PATH_MAX];
@@ -891,7 +892,7 @@ int plocal_create(struct sbx_provider *p, const struct sbx_create_opts *o,
 		goto out;
 	}
 
-	if ((rc = open_source(&src, o->repo)) < 0)
+	if ((rc = sbx_git_open_source(&src, o->repo)) < 0)
 		goto out;
 
 	/*
