@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "sbx/config.h"
+#include "sbx/env.h"
 #include "sbx/json.h"
 #include "sbx/paths.h"
 #include "sbx/xmalloc.h"
@@ -222,8 +223,8 @@ int sbx_config_load(cJSON **out, const struct sbx_config_opts *o)
 		}
 	}
 
-	env = getenv("SBX_CONFIG");
-	if (env && *env) {
+	env = sbx_env_str("SBX_CONFIG");
+	if (env) {
 		rc = merge_file(cfg, env, NULL, true);
 		if (rc < 0) {
 			rc = sbx_error_prefix(rc, "$SBX_CONFIG");
@@ -280,11 +281,9 @@ bool sbx_config_allow_other(const cJSON *cfg)
 
 int sbx_config_mount_root(char **out, const cJSON *cfg)
 {
-	const char *env = getenv("SBX_MOUNT_ROOT");
-	const char *root = sbx_json_str(cfg, "mount_root");
+	const char *root = sbx_env_or("SBX_MOUNT_ROOT",
+				      sbx_json_str(cfg, "mount_root"));
 
-	if (env && *env)
-		root = env;
 	if (!root || !*root)
 		root = "~/sbx";
 	return sbx_path_expand_user(out, root);

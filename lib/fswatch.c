@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sbx/clock.h"
 #include "sbx/fswatch.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
@@ -29,8 +30,16 @@
 #define COALESCE_MS 5
 #define BURST_EVENTS 64
 
+/* A watched directory. */
+struct wdir {
+	char *path; /* relative to the root */
+	dev_t dev;  /* lstat() when the watch was added */
+	ino_t ino;
+};
+
 struct sbx_fswatch {
 	char *root; /* absolute */
+	unsigned flags; /* SBX_FSWATCH_F_* */
 	int ifd;
 	int efd; /* wakes the thread: sync requests and stop */
 	pthread_t thread;
@@ -38,9 +47,9 @@ struct sbx_fswatch {
 	sbx_fswatch_cb cb;
 	void *payload;
 
-	/* Relative directory paths indexed by watch descriptor; only the
-	 * watcher thread touches them after start. */
-	char **wds;
+	/* Indexed by watch descriptor; only the watcher thread touches them
+	 * after start. */
+	struct wdir **wds;
 	size_t nwds;
 
 	/* A directory moved away, waiting for its IN_MOVED_TO. */
@@ -55,9 +64,22 @@ struct sbx_fswatch {
 	bool dead;         /* protected by lock: the thread has ended */
 };
 
-static void emit(struct sbx_fswatch *w, int kind, const char *path)
+/*
+ * Report `kind` for `name` in the watched directory `d`, or for `d` itself
+ * when `name` is NULL (`path` is then d's), or with neither for OVERFLOW
+ * and BATCH.
+ */
+static void emit(struct sbx_fswatch *w, int kind, const struct wdir *d,
+		 const char *path, const char *name, uint32_t mask)
 {
-	struct sbx_fswatch_event ev = { .kind = kind, .path = path };
+	struct sbx_fswatch_event ev = {
+		.kind = kind,
+		.path = path,
+		.name = name,
+		.dir_dev = d ? d->dev : 0,
+		.dir_ino = d ? d->ino : 0,
+		.mask = mask,
+	};
 
 	w->cb(&ev, w->payload);
 }
@@ -76,8 +98,11 @@ static char *absolute(struct sbx_fswatch *w, const char *rel)
 	return sbx_xasprintf("%s/%s", w->root, rel);
 }
 
-static void set_wd(struct sbx_fswatch *w, int wd, const char *rel)
+static struct wdir *set_wd(struct sbx_fswatch *w, int wd, const char *rel,
+			   const struct stat *st)
 {
+	struct wdir *d;
+
 	if ((size_t)wd >= w->nwds) {
 		size_t n = w->nwds ? w->nwds : 64;
 
@@ -87,14 +112,23 @@ static void set_wd(struct sbx_fswatch *w, int wd, const char *rel)
 		memset(w->wds + w->nwds, 0, (n - w->nwds) * sizeof(*w->wds));
 		w->nwds = n;
 	}
-	free(w->wds[wd]);
-	w->wds[wd] = sbx_xstrdup(rel);
+	d = w->wds[wd];
+	if (!d) {
+		d = sbx_xcalloc(1, sizeof(*d));
+		w->wds[wd] = d;
+	}
+	free(d->path);
+	d->path = sbx_xstrdup(rel);
+	d->dev = st->st_dev;
+	d->ino = st->st_ino;
+	return d;
 }
 
 static void drop_wd(struct sbx_fswatch *w, int wd)
 {
-	if (wd < 0 || (size_t)wd >= w->nwds)
+	if (wd < 0 || (size_t)wd >= w->nwds || !w->wds[wd])
 		return;
+	free(w->wds[wd]->path);
 	free(w->wds[wd]);
 	w->wds[wd] = NULL;
 }
@@ -106,7 +140,9 @@ static void drop_wd(struct sbx_fswatch *w, int wd)
 static int add_tree(struct sbx_fswatch *w, const char *rel, bool report)
 {
 	char *abs = absolute(w, rel);
+	struct wdir here;
 	struct dirent *e;
+	struct stat st;
 	DIR *dir = NULL;
 	int wd, rc = 0;
 
@@ -119,7 +155,11 @@ static int add_tree(struct sbx_fswatch *w, const char *rel, bool report)
 				  abs);
 		goto out;
 	}
-	set_wd(w, wd, rel);
+	if (lstat(abs, &st) < 0)
+		goto out; /* gone again, as above */
+	/* A copy: the recursion below may rename or drop entries. */
+	here = *set_wd(w, wd, rel, &st);
+	here.path = NULL;
 	dir = opendir(abs);
 	if (!dir)
 		goto out;
@@ -131,11 +171,9 @@ static int add_tree(struct sbx_fswatch *w, const char *rel, bool report)
 			continue;
 		child = join(rel, e->d_name);
 		if (report)
-			emit(w, SBX_FSWATCH_ENTRY, child);
+			emit(w, SBX_FSWATCH_ENTRY, &here, child, e->d_name, 0);
 		isdir = e->d_type == DT_DIR;
 		if (e->d_type == DT_UNKNOWN) {
-			struct stat st;
-
 			isdir = fstatat(dirfd(dir), e->d_name, &st,
 					AT_SYMLINK_NOFOLLOW) == 0 &&
 				S_ISDIR(st.st_mode);
@@ -166,12 +204,14 @@ static void rename_prefix(struct sbx_fswatch *w, const char *from,
 	size_t flen = strlen(from);
 
 	for (size_t i = 0; i < w->nwds; i++) {
-		char *p = w->wds[i];
+		struct wdir *d = w->wds[i];
+		char *p;
 
-		if (!p || !has_prefix(p, from, flen))
+		if (!d || !has_prefix(d->path, from, flen))
 			continue;
-		w->wds[i] = sbx_xasprintf("%s%s", to, p + flen);
-		free(p);
+		p = sbx_xasprintf("%s%s", to, d->path + flen);
+		free(d->path);
+		d->path = p;
 	}
 }
 
@@ -181,7 +221,7 @@ static void remove_prefix(struct sbx_fswatch *w, const char *from)
 	size_t flen = strlen(from);
 
 	for (size_t i = 0; i < w->nwds; i++) {
-		if (!w->wds[i] || !has_prefix(w->wds[i], from, flen))
+		if (!w->wds[i] || !has_prefix(w->wds[i]->path, from, flen))
 			continue;
 		inotify_rm_watch(w->ifd, (int)i);
 		drop_wd(w, (int)i);
@@ -204,7 +244,7 @@ static void overflow(struct sbx_fswatch *w, const char *why)
 		sbx_warn("%s; invalidating everything", why);
 		sbx_error_clear();
 	}
-	emit(w, SBX_FSWATCH_OVERFLOW, NULL);
+	emit(w, SBX_FSWATCH_OVERFLOW, NULL, NULL, NULL, 0);
 	/* Directories created while events were lost have no watch yet;
 	 * adding an existing watch again only returns its descriptor. */
 	if (add_tree(w, "", false) < 0) {
@@ -215,7 +255,7 @@ static void overflow(struct sbx_fswatch *w, const char *why)
 
 static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 {
-	const char *dir;
+	const struct wdir *dir;
 	char *path;
 
 	if (ev->mask & IN_Q_OVERFLOW) {
@@ -232,17 +272,23 @@ static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 	if (ev->len == 0 || !ev->name[0]) {
 		/* About the watched directory itself. */
 		if (ev->mask & IN_ATTRIB)
-			emit(w, SBX_FSWATCH_ATTR, dir);
+			emit(w, SBX_FSWATCH_ATTR, dir, dir->path, NULL,
+			     ev->mask);
 		return;
 	}
 	/* A pending directory move that did not pair with this event. */
 	if (w->move_path &&
-	    !((ev->mask & IN_MOVED_TO) && ev->cookie == w->move_cookie))
+	    !((ev->mask & IN_MOVED_TO) && ev->cookie == w->move_cookie)) {
 		settle_move(w);
+		/* That may have been this event's directory: it left. */
+		dir = w->wds[ev->wd];
+		if (!dir)
+			return;
+	}
 
-	path = join(dir, ev->name);
+	path = join(dir->path, ev->name);
 	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
-		emit(w, SBX_FSWATCH_ENTRY, path);
+		emit(w, SBX_FSWATCH_ENTRY, dir, path, ev->name, ev->mask);
 		if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
 			w->move_cookie = ev->cookie;
 			w->move_path = path;
@@ -259,9 +305,9 @@ static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 				overflow(w, sbx_error_last()->msg);
 		}
 	} else if (ev->mask & IN_MODIFY) {
-		emit(w, SBX_FSWATCH_DATA, path);
+		emit(w, SBX_FSWATCH_DATA, dir, path, ev->name, ev->mask);
 	} else if (ev->mask & IN_ATTRIB) {
-		emit(w, SBX_FSWATCH_ATTR, path);
+		emit(w, SBX_FSWATCH_ATTR, dir, path, ev->name, ev->mask);
 	}
 	free(path);
 }
@@ -327,10 +373,12 @@ static void *watcher(void *arg)
 			break;
 		n = drain(w);
 		if (n < 0) {
-			emit(w, SBX_FSWATCH_OVERFLOW, NULL);
+			emit(w, SBX_FSWATCH_OVERFLOW, NULL, NULL, NULL, 0);
 			break;
 		}
 		busy = n >= BURST_EVENTS;
+		if (w->flags & SBX_FSWATCH_F_BATCH)
+			emit(w, SBX_FSWATCH_BATCH, NULL, NULL, NULL, 0);
 		pthread_mutex_lock(&w->lock);
 		if (gen > w->done_gen) {
 			w->done_gen = gen;
@@ -346,7 +394,7 @@ static void *watcher(void *arg)
 	return NULL;
 }
 
-static void wake(struct sbx_fswatch *w)
+void sbx_fswatch_wake(struct sbx_fswatch *w)
 {
 	uint64_t one = 1;
 
@@ -363,11 +411,11 @@ void sbx_fswatch_free(struct sbx_fswatch *w)
 		pthread_mutex_lock(&w->lock);
 		w->stop = true;
 		pthread_mutex_unlock(&w->lock);
-		wake(w);
+		sbx_fswatch_wake(w);
 		pthread_join(w->thread, NULL);
 	}
 	for (size_t i = 0; i < w->nwds; i++)
-		free(w->wds[i]);
+		drop_wd(w, (int)i);
 	free(w->wds);
 	free(w->move_path);
 	if (w->ifd >= 0)
@@ -383,6 +431,12 @@ void sbx_fswatch_free(struct sbx_fswatch *w)
 int sbx_fswatch_new(struct sbx_fswatch **out, const char *root,
 		    sbx_fswatch_cb cb, void *payload)
 {
+	return sbx_fswatch_new_flags(out, root, 0, cb, payload);
+}
+
+int sbx_fswatch_new_flags(struct sbx_fswatch **out, const char *root,
+			  unsigned flags, sbx_fswatch_cb cb, void *payload)
+{
 	struct sbx_fswatch *w;
 	struct stat st;
 	int rc;
@@ -397,6 +451,7 @@ int sbx_fswatch_new(struct sbx_fswatch **out, const char *root,
 				     "watch %s: not a directory", root);
 	w = sbx_xcalloc(1, sizeof(*w));
 	w->root = sbx_xstrdup(root);
+	w->flags = flags;
 	w->cb = cb;
 	w->payload = payload;
 	w->efd = -1;
@@ -434,16 +489,11 @@ int sbx_fswatch_sync(struct sbx_fswatch *w, int timeout_ms)
 	uint64_t gen;
 	int rc = 0;
 
-	clock_gettime(CLOCK_REALTIME, &deadline);
-	deadline.tv_sec += timeout_ms / 1000;
-	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
+	/* The condition variable waits on CLOCK_REALTIME (its default). */
+	deadline = sbx_clock_deadline(CLOCK_REALTIME, timeout_ms);
 	pthread_mutex_lock(&w->lock);
 	gen = ++w->req_gen;
-	wake(w);
+	sbx_fswatch_wake(w);
 	while (rc == 0 && w->done_gen < gen && !w->dead) {
 		if (pthread_cond_timedwait(&w->cond, &w->lock, &deadline) ==
 		    ETIMEDOUT)

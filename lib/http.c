@@ -1,10 +1,12 @@
 /* Shared libcurl pieces; see sbx/http.h. */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -76,6 +78,23 @@ void sbx_http_set_body(void *easy, const char *method, const void *body,
 			 (curl_off_t)(body ? len : 0));
 	if (strcmp(method, "POST"))
 		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+}
+
+const char *sbx_http_header_value(const char *line, size_t n,
+				  const char *name, size_t *vlen)
+{
+	size_t l = strlen(name);
+	const char *v, *end = line + n;
+
+	if (n <= l || strncasecmp(line, name, l) || line[l] != ':')
+		return NULL;
+	v = line + l + 1;
+	while (v < end && (*v == ' ' || *v == '\t'))
+		v++;
+	while (end > v && isspace((unsigned char)end[-1]))
+		end--;
+	*vlen = (size_t)(end - v);
+	return v;
 }
 
 /* ---- the pool ------------------------------------------------------------- */

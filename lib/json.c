@@ -44,6 +44,15 @@ static int syntax_error(const char *source, const char *text, size_t off,
 			     line, col, what);
 }
 
+/* The index just past the string literal that starts at t[i] ('"'). */
+static size_t skip_string(const char *t, size_t len, size_t i)
+{
+	for (i++; i < len && t[i] != '"'; i++)
+		if (t[i] == '\\' && i + 1 < len)
+			i++;
+	return i + 1;
+}
+
 /*
  * Blank out comments (keeping newlines, so positions stay those of the
  * original text).  Strings are skipped so "http://x" stays intact.
@@ -55,10 +64,7 @@ static int strip_comments(char *t, size_t len, const char *source,
 
 	while (i < len) {
 		if (t[i] == '"') {
-			for (i++; i < len && t[i] != '"'; i++)
-				if (t[i] == '\\' && i + 1 < len)
-					i++;
-			i++;
+			i = skip_string(t, len, i);
 		} else if (t[i] == '/' && i + 1 < len && t[i + 1] == '/') {
 			for (; i < len && t[i] != '\n'; i++)
 				t[i] = ' ';
@@ -92,10 +98,7 @@ static void strip_trailing_commas(char *t, size_t len)
 
 	while (i < len) {
 		if (t[i] == '"') {
-			for (i++; i < len && t[i] != '"'; i++)
-				if (t[i] == '\\' && i + 1 < len)
-					i++;
-			i++;
+			i = skip_string(t, len, i);
 			continue;
 		}
 		if (t[i] == ',') {
@@ -220,20 +223,20 @@ int sbx_json_parse_file(cJSON **out, const char *path, size_t cap)
 
 const char *sbx_json_type_name(const cJSON *item)
 {
+	static const struct {
+		cJSON_bool (*is)(const cJSON *);
+		const char *name;
+	} types[] = {
+		{ cJSON_IsString, "string" }, { cJSON_IsBool, "boolean" },
+		{ cJSON_IsNumber, "number" }, { cJSON_IsObject, "object" },
+		{ cJSON_IsArray, "array" },   { cJSON_IsNull, "null" },
+	};
+
 	if (!item)
 		return "missing";
-	if (cJSON_IsString(item))
-		return "string";
-	if (cJSON_IsBool(item))
-		return "boolean";
-	if (cJSON_IsNumber(item))
-		return "number";
-	if (cJSON_IsObject(item))
-		return "object";
-	if (cJSON_IsArray(item))
-		return "array";
-	if (cJSON_IsNull(item))
-		return "null";
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		if (types[i].is(item))
+			return types[i].name;
 	return "invalid";
 }
 
@@ -259,45 +262,58 @@ static int type_error(const char *where, const char *key, const char *want,
 			     sbx_json_type_name(it));
 }
 
-int sbx_json_get_string(const char **out, const cJSON *obj, const char *key,
-			const char *where)
+/*
+ * The member `key` when present and of the type `is` accepts: 1, with
+ * *it_out set.  0 when it is missing or null; a type error naming `want`
+ * otherwise.  The sbx_json_get_*() getters are this plus their default.
+ */
+static int typed_member(const cJSON **it_out, const cJSON *obj,
+			const char *key, cJSON_bool (*is)(const cJSON *),
+			const char *want, const char *where)
 {
 	const cJSON *it = member(obj, key);
 
-	*out = NULL;
+	*it_out = NULL;
 	if (!it)
 		return 0;
-	if (!cJSON_IsString(it))
-		return type_error(where, key, "a string", it);
-	*out = it->valuestring;
-	return 0;
+	if (!is(it))
+		return type_error(where, key, want, it);
+	*it_out = it;
+	return 1;
+}
+
+int sbx_json_get_string(const char **out, const cJSON *obj, const char *key,
+			const char *where)
+{
+	const cJSON *it;
+	int rc = typed_member(&it, obj, key, cJSON_IsString, "a string", where);
+
+	*out = it ? it->valuestring : NULL;
+	return rc < 0 ? rc : 0;
 }
 
 int sbx_json_get_bool(bool *out, const cJSON *obj, const char *key,
 		      bool dflt, const char *where)
 {
-	const cJSON *it = member(obj, key);
+	const cJSON *it;
+	int rc = typed_member(&it, obj, key, cJSON_IsBool, "true or false",
+			      where);
 
-	*out = dflt;
-	if (!it)
-		return 0;
-	if (!cJSON_IsBool(it))
-		return type_error(where, key, "true or false", it);
-	*out = cJSON_IsTrue(it);
-	return 0;
+	*out = it ? cJSON_IsTrue(it) : dflt;
+	return rc < 0 ? rc : 0;
 }
 
 int sbx_json_get_int(long long *out, const cJSON *obj, const char *key,
 		     long long dflt, const char *where)
 {
-	const cJSON *it = member(obj, key);
+	const cJSON *it;
+	int rc = typed_member(&it, obj, key, cJSON_IsNumber, "an integer",
+			      where);
 	double d;
 
 	*out = dflt;
 	if (!it)
-		return 0;
-	if (!cJSON_IsNumber(it))
-		return type_error(where, key, "an integer", it);
+		return rc < 0 ? rc : 0;
 	d = it->valuedouble;
 	/* 2^63 bounds; doubles beyond 2^53 are already inexact anyway. */
 	if (d != floor(d) || d < -9.2e18 || d > 9.2e18)
@@ -311,15 +327,10 @@ int sbx_json_get_int(long long *out, const cJSON *obj, const char *key,
 int sbx_json_get_object(const cJSON **out, const cJSON *obj, const char *key,
 			const char *where)
 {
-	const cJSON *it = member(obj, key);
+	int rc = typed_member(out, obj, key, cJSON_IsObject, "an object",
+			      where);
 
-	*out = NULL;
-	if (!it)
-		return 0;
-	if (!cJSON_IsObject(it))
-		return type_error(where, key, "an object", it);
-	*out = it;
-	return 0;
+	return rc < 0 ? rc : 0;
 }
 
 const char *sbx_json_str(const cJSON *obj, const char *key)

@@ -520,12 +520,20 @@ int sbx_frame_parser_feed(struct sbx_frame_parser *p, const void *data,
 
 /* ---- paths ---------------------------------------------------------------- */
 
-int sbx_proto_path_clean(const char *in, char **out)
+/*
+ * The one path normaliser.  Components are split on '/'; empty ones
+ * (leading, trailing, repeated '/') and "." are dropped; ".." follows the
+ * caller's rule (sbx/proto.h).
+ */
+int sbx_proto_path_norm(const char *in, int dotdot, char **out)
 {
 	size_t n = strlen(in), o = 0;
 	char *res;
 
 	*out = NULL;
+	if (n >= PATH_MAX)
+		return sbx_error_set(SBX_ERR_PROTO, -ENAMETOOLONG,
+				     "path too long (%zu bytes)", n);
 	res = sbx_xmalloc(n + 1);
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
@@ -533,14 +541,28 @@ int sbx_proto_path_clean(const char *in, char **out)
 		while (j < n && in[j] != '/')
 			j++;
 		size_t clen = j - i;
+		bool up = clen == 2 && in[i] == '.' && in[i + 1] == '.';
 
 		if (clen == 0 || (clen == 1 && in[i] == '.')) {
 			/* empty (repeated '/') or "." */
-		} else if (clen == 2 && in[i] == '.' && in[i + 1] == '.') {
+		} else if (up && dotdot == SBX_PATH_DOTDOT_REFUSE) {
 			free(res);
 			return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
 					     "path \"%s\": \"..\" not allowed",
 					     in);
+		} else if (up && dotdot == SBX_PATH_DOTDOT_RESOLVE) {
+			if (o == 0) {
+				free(res);
+				return sbx_error_set(SBX_ERR_PROTO, -EXDEV,
+						     "\"..\" in \"%s\" leaves "
+						     "the starting directory",
+						     in);
+			}
+			/* drop the last component and its '/' */
+			while (o && res[o - 1] != '/')
+				o--;
+			if (o)
+				o--;
 		} else {
 			if (o)
 				res[o++] = '/';
@@ -552,6 +574,11 @@ int sbx_proto_path_clean(const char *in, char **out)
 	res[o] = '\0';
 	*out = res;
 	return 0;
+}
+
+int sbx_proto_path_clean(const char *in, char **out)
+{
+	return sbx_proto_path_norm(in, SBX_PATH_DOTDOT_REFUSE, out);
 }
 
 char *sbx_proto_path_join(const char *dir, const char *name)

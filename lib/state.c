@@ -20,16 +20,29 @@
 
 #define LOCK_POLL_MS 50
 
-/*
- * Own copy of the state names: sbx_state_name() lives in the providers
- * library, which lib/ must not link.
- */
+/* The one table of state names (sbx/sessionstate.h). */
 static const char *const state_names[] = {
 	[SBX_STATE_CREATING] = "creating",
 	[SBX_STATE_READY] = "ready",
 	[SBX_STATE_STOPPED] = "stopped",
 	[SBX_STATE_ERROR] = "error",
 };
+
+#define N_STATES (sizeof(state_names) / sizeof(state_names[0]))
+
+const char *sbx_state_name(enum sbx_state s)
+{
+	return (unsigned)s < N_STATES ? state_names[s]
+				      : state_names[SBX_STATE_ERROR];
+}
+
+enum sbx_state sbx_state_parse(const char *name)
+{
+	for (unsigned i = 0; name && i < N_STATES; i++)
+		if (strcmp(name, state_names[i]) == 0)
+			return (enum sbx_state)i;
+	return SBX_STATE_ERROR;
+}
 
 void sbx_session_init(struct sbx_session *s)
 {
@@ -63,29 +76,33 @@ void sbx_session_set_error(struct sbx_session *s, const char *type,
 	s->error_message = type ? sbx_xstrdup(message ? message : "") : NULL;
 }
 
-cJSON *sbx_session_to_json(const struct sbx_session *s)
+void sbx_session_json_common(cJSON *j, const struct sbx_session *s)
 {
-	cJSON *j = cJSON_CreateObject();
 	char when[32];
 
-	if (!j)
-		abort();
-	sbx_json_set_take(j, "version", cJSON_CreateNumber(1));
 	sbx_json_set_str(j, "session", s->session);
 	sbx_json_set_str(j, "provider", s->provider);
 	sbx_json_set_str(j, "sandbox_id", s->sandbox_id);
-	sbx_json_set_str(j, "state",
-			 (unsigned)s->state < 4 ? state_names[s->state]
-						: "error");
+	sbx_json_set_str(j, "state", sbx_state_name(s->state));
 	sbx_json_set_take(j, "remote", cJSON_CreateBool(s->remote));
 	sbx_json_set_str(j, "mountpoint", s->mountpoint);
 	sbx_json_set_str(j, "workdir", s->workdir);
-	sbx_json_set_str(j, "repo", s->repo);
 	sbx_json_set_str(j, "created_at",
 			 s->created_at ? sbx_json_time_format(when,
 							      sizeof(when),
 							      s->created_at)
 				       : NULL);
+}
+
+cJSON *sbx_session_to_json(const struct sbx_session *s)
+{
+	cJSON *j = cJSON_CreateObject();
+
+	if (!j)
+		abort();
+	sbx_json_set_take(j, "version", cJSON_CreateNumber(1));
+	sbx_session_json_common(j, s);
+	sbx_json_set_str(j, "repo", s->repo);
 	sbx_json_set_take(j, "provider_config",
 			  s->provider_config
 				  ? cJSON_Duplicate(s->provider_config, 1)
@@ -158,10 +175,7 @@ int sbx_session_from_json(struct sbx_session *out, const cJSON *j,
 		return sbx_error_set(SBX_ERR_JSON, -EINVAL,
 				     "%s: bad \"pid\" %lld", source, pid);
 
-	out->state = SBX_STATE_ERROR;
-	for (unsigned i = 0; state && i < 4; i++)
-		if (strcmp(state, state_names[i]) == 0)
-			out->state = (enum sbx_state)i;
+	out->state = sbx_state_parse(state);
 	if (when) {
 		rc = sbx_json_time_parse(&out->created_at, when);
 		if (rc < 0)

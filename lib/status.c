@@ -17,13 +17,6 @@
 #include "sbx/status.h"
 #include "sbx/xmalloc.h"
 
-static const char *const state_names[] = {
-	[SBX_STATE_CREATING] = "creating",
-	[SBX_STATE_READY] = "ready",
-	[SBX_STATE_STOPPED] = "stopped",
-	[SBX_STATE_ERROR] = "error",
-};
-
 const char *sbx_status_error_type(int klass, const char *fallback)
 {
 	switch (klass) {
@@ -189,31 +182,14 @@ bool sbx_status_mounted(const struct sbx_session *s)
 	       sbx_status_is_sbx_mount(NULL, s->mountpoint, s->session);
 }
 
-static void set_str(cJSON *j, const char *key, const char *v)
-{
-	sbx_json_set_str(j, key, v);
-}
-
 cJSON *sbx_status_build(const struct sbx_session *s, bool mounted)
 {
 	cJSON *j = cJSON_CreateObject();
-	char when[32];
 
 	if (!j)
 		abort();
-	set_str(j, "session", s->session);
-	set_str(j, "provider", s->provider);
-	set_str(j, "sandbox_id", s->sandbox_id);
-	set_str(j, "state",
-		(unsigned)s->state < 4 ? state_names[s->state] : "error");
-	sbx_json_set_take(j, "remote", cJSON_CreateBool(s->remote));
-	set_str(j, "mountpoint", s->mountpoint);
-	set_str(j, "workdir", s->workdir);
-	set_str(j, "created_at",
-		s->created_at ? sbx_json_time_format(when, sizeof(when),
-						     s->created_at)
-			      : NULL);
-	set_str(j, "isolation", s->isolation ? s->isolation : "none");
+	sbx_session_json_common(j, s);
+	sbx_json_set_str(j, "isolation", s->isolation ? s->isolation : "none");
 	sbx_json_set_take(j, "mounted", cJSON_CreateBool(mounted));
 	/* Only a live daemon's pid means anything to a reader. */
 	sbx_json_set_take(j, "pid",
@@ -221,9 +197,9 @@ cJSON *sbx_status_build(const struct sbx_session *s, bool mounted)
 	if (s->error_type) {
 		cJSON *e = cJSON_CreateObject();
 
-		set_str(e, "type", s->error_type);
-		set_str(e, "message", s->error_message ? s->error_message
-							 : "");
+		sbx_json_set_str(e, "type", s->error_type);
+		sbx_json_set_str(e, "message",
+				 s->error_message ? s->error_message : "");
 		sbx_json_set_take(j, "error", e);
 	}
 	return j;

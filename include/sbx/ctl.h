@@ -265,6 +265,16 @@ struct sbx_ctl_run_opts {
  */
 SBX_WUR int sbx_ctl_run(const struct sbx_ctl_run_opts *o, int *status_out);
 
+/*
+ * Fill the options of a command run on this process's own terminal, as
+ * `sbx exec` and the sbx-exec shim run one: stdin, stdout and stderr (0,
+ * 1, 2) offered to the daemon (pass_fds), signals forwarded, and a pty
+ * when `tty` is 1, or when it is -1 and both stdin and stdout are
+ * terminals.  The other fields (socket, session, argv, envp, cwd, timeout)
+ * are left as the caller set them.  Cannot fail.
+ */
+void sbx_ctl_run_opts_stdio(struct sbx_ctl_run_opts *o, int tty);
+
 /* Exit code a shell would report for wait status `status` (128+N on
  * death by signal N). */
 int sbx_ctl_exit_code(int status);
@@ -278,6 +288,13 @@ int sbx_ctl_error_exit_code(int rc);
  * LANGUAGE, LC_*, TZ, CI; see docs/exec.md.)
  */
 bool sbx_ctl_env_default_allowed(const char *name);
+
+/*
+ * Is the variable name `name` (its first `n` bytes) in `list`, names
+ * separated by commas, spaces, colons or tabs (the $SBX_EXEC_ENV syntax)?
+ * A NULL list holds nothing.
+ */
+bool sbx_ctl_env_listed(const char *list, const char *name, size_t n);
 
 /*
  * Build the environment a client sends: the default allowlist, the names in

@@ -30,7 +30,21 @@ struct fs_options {
 	 */
 	bool allow_other;
 	unsigned max_threads; /* 0: default */
+	/*
+	 * Serve the sandbox through the caching layer (fs/cache.h), a
+	 * decorator the caller chooses: only for a sandbox that
+	 * fs_cache_supported() accepts (fs_daemon_run() fails with -EINVAL
+	 * otherwise).  cli/daemon.c caches every such sandbox unless
+	 * SBX_REMOTE_NO_CACHE=1.
+	 */
+	bool cache;
 };
+
+/*
+ * Can `sb` be served through the caching layer?  True for a path-based
+ * sandbox, one that offers node_at (sbx/provider.h): the remote ones.
+ */
+bool fs_cache_supported(const struct sbx_sandbox *sb);
 
 /*
  * Serve until unmounted.  Returns 0 after a clean unmount, or a negative

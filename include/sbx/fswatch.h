@@ -17,10 +17,13 @@
  * inside the system call that causes it, so after a process has exited,
  * sbx_fswatch_sync() delivers every change the process made.
  *
- * Used by sbx-agent (agent/handlers_watch.c).  The local provider
- * (providers/local/plocal_watch.c) predates it and additionally tracks
- * inode identities and suppresses its own events; it could be rebuilt on
- * this module.
+ * Used by sbx-agent (agent/handlers_watch.c), which wants paths, and by
+ * the local provider (providers/local/plocal_watch.c), which wants the
+ * identity (st_dev, st_ino) of the directory an event happened in, the raw
+ * inotify mask (to recognise events its own system calls caused) and a
+ * point after each batch of events where it may emit changes it deferred
+ * (SBX_FSWATCH_F_BATCH).  Each event carries all three; a consumer uses
+ * what it needs.
  *
  * Symlinks are never followed (IN_DONT_FOLLOW, lstat), so the watch stays
  * beneath the root.
@@ -34,6 +37,9 @@
 #ifndef SBX_FSWATCH_H
 #define SBX_FSWATCH_H
 
+#include <stdint.h>
+#include <sys/types.h>
+
 #include "sbx/error.h"
 
 struct sbx_fswatch;
@@ -43,16 +49,46 @@ enum sbx_fswatch_kind {
 	SBX_FSWATCH_DATA,      /* a file's content changed */
 	SBX_FSWATCH_ATTR,      /* attributes changed (mode, owner, times) */
 	SBX_FSWATCH_OVERFLOW,  /* events were lost: invalidate everything */
+	/*
+	 * Only with SBX_FSWATCH_F_BATCH: the thread has handled every event
+	 * it read in one go and is about to answer the barriers waiting on
+	 * them.  Delivered after each batch, also an empty one (after
+	 * sbx_fswatch_wake()).  No path or identity.
+	 */
+	SBX_FSWATCH_BATCH,
 };
+
+/* sbx_fswatch_new_flags() flags. */
+#define SBX_FSWATCH_F_BATCH 0x1 /* deliver SBX_FSWATCH_BATCH events */
 
 struct sbx_fswatch_event {
 	int kind; /* enum sbx_fswatch_kind */
 	/*
 	 * Relative to the root, "/"-separated, "" for the root itself; for
-	 * ENTRY the path of the name ("dir/name"); NULL for OVERFLOW.
-	 * Borrowed for the duration of the callback.
+	 * ENTRY the path of the name ("dir/name"); NULL for OVERFLOW and
+	 * BATCH.  Borrowed for the duration of the callback.
 	 */
 	const char *path;
+	/*
+	 * The last component of `path` when the event is about a name in a
+	 * watched directory; NULL when it is about a watched directory
+	 * itself (its ATTR), and for OVERFLOW and BATCH.  Borrowed.
+	 */
+	const char *name;
+	/*
+	 * Identity of the watched directory the event was reported in (the
+	 * parent of `name`, or the directory itself when `name` is NULL), as
+	 * lstat() saw it when its watch was added; 0 for OVERFLOW and BATCH.
+	 */
+	dev_t dir_dev;
+	ino_t dir_ino;
+	/*
+	 * The inotify mask (IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO,
+	 * IN_MODIFY, IN_ATTRIB, with IN_ISDIR) of the event; 0 for an ENTRY
+	 * found by scanning a directory that just got its watch, and for
+	 * OVERFLOW and BATCH.
+	 */
+	uint32_t mask;
 };
 
 typedef void (*sbx_fswatch_cb)(const struct sbx_fswatch_event *ev,
@@ -68,12 +104,25 @@ typedef void (*sbx_fswatch_cb)(const struct sbx_fswatch_event *ev,
 SBX_WUR int sbx_fswatch_new(struct sbx_fswatch **out, const char *root,
 			    sbx_fswatch_cb cb, void *payload);
 
+/* sbx_fswatch_new() with SBX_FSWATCH_F_* `flags`. */
+SBX_WUR int sbx_fswatch_new_flags(struct sbx_fswatch **out, const char *root,
+				  unsigned flags, sbx_fswatch_cb cb,
+				  void *payload);
+
 /*
  * Barrier: return once the watcher thread has read and reported every event
  * queued before this call.  -ETIMEDOUT after `timeout_ms`, -EIO when the
  * watcher has stopped.  Safe from many threads at once.
  */
 SBX_WUR int sbx_fswatch_sync(struct sbx_fswatch *w, int timeout_ms);
+
+/*
+ * Have the watcher thread run a batch soon (and, with SBX_FSWATCH_F_BATCH,
+ * deliver SBX_FSWATCH_BATCH) without waiting for it: for a consumer that
+ * queued work for that point.  Never blocks; any thread, also from inside
+ * a FUSE request.
+ */
+void sbx_fswatch_wake(struct sbx_fswatch *w);
 
 /* Stop the thread and release everything.  Accepts NULL. */
 void sbx_fswatch_free(struct sbx_fswatch *w);

@@ -60,6 +60,16 @@ const char *sbx_http_user_agent(void);
 void sbx_http_set_body(void *easy, const char *method, const void *body,
 		       size_t len);
 
+/*
+ * Parse one response header line as libcurl's CURLOPT_HEADERFUNCTION gets
+ * it (`n` bytes, not NUL-terminated, with its CRLF): when it is header
+ * `name` (case-insensitive, followed by ':'), the value without leading
+ * blanks and trailing whitespace -- a pointer into `line` with *vlen
+ * bytes; otherwise NULL.  Pure.
+ */
+const char *sbx_http_header_value(const char *line, size_t n,
+				  const char *name, size_t *vlen);
+
 /* A pool of easy handles with a DNS + TLS-session share. */
 struct sbx_http_pool;
 

@@ -116,11 +116,30 @@ int sbx_frame_parser_feed(struct sbx_frame_parser *p, const void *data,
 /* ---- paths ---------------------------------------------------------------- */
 
 /*
- * Normalise a protocol path: strip leading and repeated '/', drop "."
- * components; "" for the root.  Refuses ".." components and NUL with
- * -EINVAL (the agent also confines with openat2; this is the first line).
- * *out malloc'd.
+ * The one path normaliser of the tree.  Strips leading, trailing and
+ * repeated '/' and drops "." components; "" is the root (or the starting
+ * directory).  `dotdot` chooses what ".." means:
+ *   SBX_PATH_DOTDOT_REFUSE   -EINVAL.  The client's rule: a protocol path
+ *                            it sends never climbs (sbx_proto_path_clean).
+ *   SBX_PATH_DOTDOT_KEEP     kept as a component.  The agent's rule for
+ *                            client paths: confine.c resolves them beneath
+ *                            the root, so "a/../b" works and "../x" is
+ *                            -EXDEV there.
+ *   SBX_PATH_DOTDOT_RESOLVE  removes the component before it; -EXDEV when
+ *                            it would climb above the start.  For names
+ *                            inside an archive, relative to its target.
+ * -ENAMETOOLONG for `in` of PATH_MAX bytes or more.  Errors are class
+ * SBX_ERR_PROTO.  NUL cannot occur (C string).  *out malloc'd.
  */
+enum sbx_path_dotdot {
+	SBX_PATH_DOTDOT_REFUSE = 0,
+	SBX_PATH_DOTDOT_KEEP,
+	SBX_PATH_DOTDOT_RESOLVE,
+};
+
+SBX_WUR int sbx_proto_path_norm(const char *in, int dotdot, char **out);
+
+/* sbx_proto_path_norm(in, SBX_PATH_DOTDOT_REFUSE, out). */
 SBX_WUR int sbx_proto_path_clean(const char *in, char **out);
 
 /* Join a directory path and a name ("" + "a" → "a").  malloc'd. */

@@ -31,7 +31,11 @@
  * per session by the session lock (sbx/state.h).
  *
  * Versioning: a provider sets `version` to the SBX_*_OPS_VERSION it was built
- * against; the registry refuses tables of another version.  Optional
+ * against.  Tables of another version are refused where they enter:
+ * provider tables by sbx_provider_new() (the registry), sandbox tables by
+ * sbx_provider_open() (so open a sandbox through it, not through
+ * ops->open directly), both with -EPROTO (SBX_ERR_INTERNAL) naming the
+ * provider and the two versions.  Optional
  * operations may be NULL; callers then fail with -ENOSYS (or -EOPNOTSUPP for
  * xattrs/fallocate/copy_file_range) as the kernel expects.
  */
@@ -46,10 +50,12 @@
 #include <time.h>
 
 #include "sbx/error.h"
+#include "sbx/sessionstate.h"
 
 struct cJSON;
 struct sbx_provider;
 struct sbx_sandbox;
+struct sbx_sandbox_ops;
 struct sbx_node;
 struct sbx_file;
 
@@ -60,15 +66,10 @@ struct sbx_file;
 /* Control plane                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* Sandbox lifecycle states, as reported in the status object. */
-enum sbx_state {
-	SBX_STATE_CREATING = 0,
-	SBX_STATE_READY,
-	SBX_STATE_STOPPED,
-	SBX_STATE_ERROR,
-};
-
-const char *sbx_state_name(enum sbx_state s);
+/*
+ * Sandbox lifecycle states (enum sbx_state, sbx_state_name()) live in
+ * sbx/sessionstate.h, shared with the session store.
+ */
 
 /*
  * What a provider knows about one sandbox.  Strings are owned by the struct;
@@ -185,6 +186,28 @@ void sbx_provider_free(struct sbx_provider *p);
 
 /* Names of the compiled-in providers, NULL-terminated. */
 const char *const *sbx_provider_names(void);
+
+/*
+ * Open the data plane of session `session` on provider `p` (ops->open)
+ * and check the sandbox ops table it returns: a table of another version
+ * than SBX_SANDBOX_OPS_VERSION is released and refused with -EPROTO
+ * (SBX_ERR_INTERNAL, "provider NAME: sandbox ops version X, expected Y").
+ * -ENOSYS when the provider has no open().  Otherwise what open() returns.
+ * *out is owned by the caller (sbx_sandbox_free()).
+ */
+SBX_WUR int sbx_provider_open(struct sbx_sandbox **out, struct sbx_provider *p,
+			      const char *session);
+
+/*
+ * The version checks themselves (used by sbx_provider_new() and
+ * sbx_provider_open(); public for decorators and tests): 0 when `ops` has
+ * the version this build expects, else -EPROTO (SBX_ERR_INTERNAL) naming
+ * `provider` (the provider's name, for the message) and both versions.
+ */
+SBX_WUR int sbx_provider_ops_check(const struct sbx_provider_ops *ops,
+				   const char *provider);
+SBX_WUR int sbx_sandbox_ops_check(const struct sbx_sandbox_ops *ops,
+				  const char *provider);
 
 /* ------------------------------------------------------------------------ */
 /* Data plane                                                               */

@@ -21,7 +21,7 @@
  * session stays locked for the daemon's lifetime.
  *
  * Naming: the record is `struct sbx_session` because `sbx_state` is already
- * the lifecycle enum of sbx/provider.h (struct and enum tags share a C
+ * the lifecycle enum of sbx/sessionstate.h (struct and enum tags share a C
  * namespace).  Functions keep the module prefix sbx_state_.
  */
 #ifndef SBX_STATE_H
@@ -32,7 +32,7 @@
 #include <time.h>
 
 #include "sbx/error.h"
-#include "sbx/provider.h"
+#include "sbx/sessionstate.h"
 
 struct cJSON;
 
@@ -72,6 +72,14 @@ void sbx_session_set_error(struct sbx_session *s, const char *type,
  * it initialises); -EINVAL (SBX_ERR_JSON) names `source` on a bad field.
  */
 struct cJSON *sbx_session_to_json(const struct sbx_session *s);
+
+/*
+ * Add the keys the session file and the status object (sbx/status.h)
+ * share, in this order: session, provider, sandbox_id, state, remote,
+ * mountpoint, workdir, created_at (RFC 3339 UTC; null when unknown, as
+ * every missing string).  `j` is an object; existing keys are replaced.
+ */
+void sbx_session_json_common(struct cJSON *j, const struct sbx_session *s);
 SBX_WUR int sbx_session_from_json(struct sbx_session *out,
 				  const struct cJSON *j, const char *source);
 

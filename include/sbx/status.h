@@ -1,6 +1,7 @@
 /*
  * The status object: what `sbx status NAME --json` prints and what the HTTP
- * API (`GET /session/:id/sandbox`) will answer, built in one place.
+ * API of `sbx serve` (`GET /session/:id/sandbox`, docs/api.md) answers,
+ * built in one place.
  *
  * Keys, exactly: session, provider, sandbox_id, state ("creating", "ready",
  * "stopped", "error"), remote (bool), mountpoint, workdir, created_at

@@ -1,8 +1,8 @@
 /*
  * Fuzz target over everything the agent and the client parse from the
  * network: the frame decoder (fed in input-dependent chunk sizes), the stat
- * and statfs decoders, error objects, the agent's batch parser
- * (agent_batch_parse), path normalisation, base64 and the route matcher.
+ * and statfs decoders, error objects, the batch decoder
+ * (sbx_batch_decode), path normalisation, base64 and the route matcher.
  *
  * Built twice (tests/fuzz/meson.build): as a libFuzzer binary with clang
  * and -Dfuzzer=true, and always as a plain driver (fuzz_driver.c) that
@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "sbx/proto.h"
+#include "sbx/proto_batch.h"
 #include "agent_i.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -78,7 +79,7 @@ static void fuzz_json(const char *text, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *text = malloc(size + 1);
-	struct agent_batch *b = NULL;
+	struct sbx_batch *b = NULL;
 	const struct agent_route *route;
 	unsigned char *bin = NULL;
 	char *out = NULL, *id = NULL;
@@ -92,8 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_frames(data, size);
 	fuzz_json(text, size);
 
-	if (agent_batch_parse(text, size, &b) == 0)
-		agent_batch_free(b);
+	if (sbx_batch_decode(text, size, &b) == 0)
+		sbx_batch_free(b);
 
 	if (agent_path_norm(text, &out) == 0)
 		free(out);

@@ -200,12 +200,10 @@ static void test_no_repo(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_merge_order, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_bad_values, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_no_repo, setup, teardown),
+		TH_TEST(test_defaults),
+		TH_TEST(test_merge_order),
+		TH_TEST(test_bad_values),
+		TH_TEST(test_no_repo),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

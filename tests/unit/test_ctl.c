@@ -32,6 +32,7 @@
 
 #include "fs/fs_ctl.h"
 #include "providers/local/plocal_i.h"
+#include "test_helpers_i.h"
 
 /* ---- fake daemon core ---------------------------------------------------- */
 
@@ -121,11 +122,23 @@ static int teardown(void **state)
 /* Offer the client's descriptors to the daemon (zero-copy path). */
 static bool g_pass_fds;
 
+/* What a command run through the server left: its wait status, and its
+ * stdout and stderr (malloc'd, NUL-terminated; result_fini frees them). */
+struct result {
+	int st;
+	char *out, *err;
+};
+
+static void result_fini(struct result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
 /* Run argv through the server; stdin from `in` (NULL: none), stdout and
- * stderr captured (malloc'd, NUL-terminated).  Returns sbx_ctl_run's rc. */
+ * stderr captured in *r.  Returns sbx_ctl_run's rc. */
 static int run(struct env *e, const char *cwd, const char *in,
-	       const char *const *argv, bool tty, int *status, char **out,
-	       char **err)
+	       const char *const *argv, bool tty, struct result *r)
 {
 	char path[160];
 	int fds[3], rc;
@@ -155,7 +168,7 @@ static int run(struct env *e, const char *cwd, const char *in,
 	o.in_fd = in ? fds[0] : -1;
 	o.out_fd = fds[1];
 	o.err_fd = fds[2];
-	rc = sbx_ctl_run(&o, status);
+	rc = sbx_ctl_run(&o, &r->st);
 	for (int i = 1; i < 3; i++) {
 		off_t len = lseek(fds[i], 0, SEEK_END);
 		char *buf = sbx_xmalloc((size_t)len + 1);
@@ -163,9 +176,9 @@ static int run(struct env *e, const char *cwd, const char *in,
 		assert_int_equal(pread(fds[i], buf, (size_t)len, 0), len);
 		buf[len] = '\0';
 		if (i == 1)
-			*out = buf;
+			r->out = buf;
 		else
-			*err = buf;
+			r->err = buf;
 	}
 	for (int i = 0; i < 3; i++)
 		close(fds[i]);
@@ -329,19 +342,17 @@ static void test_exit_codes(void **state)
 {
 	struct env *e = *state;
 	int codes[] = { 0, 1, 2, 42, 126, 127, 128, 255 };
-	char *out, *err, script[64];
+	char script[64];
 	int b0 = e->fs.before, a0 = e->fs.after;
 
 	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
 		const char *argv[] = { "sh", "-c", script, NULL };
-		int st;
+		struct result r;
 
 		snprintf(script, sizeof(script), "exit %d", codes[i]);
-		assert_int_equal(run(e, "", NULL, argv, false, &st, &out,
-				     &err), 0);
-		assert_int_equal(sbx_ctl_exit_code(st), codes[i]);
-		free(out);
-		free(err);
+		assert_int_equal(run(e, "", NULL, argv, false, &r), 0);
+		assert_int_equal(sbx_ctl_exit_code(r.st), codes[i]);
+		result_fini(&r);
 	}
 	assert_int_equal(e->fs.before - b0, 8);
 	assert_int_equal(e->fs.after - a0, 8);
@@ -351,14 +362,12 @@ static void test_signal_death(void **state)
 {
 	struct env *e = *state;
 	const char *argv[] = { "sh", "-c", "kill -TERM $$", NULL };
-	char *out, *err;
-	int st;
+	struct result r;
 
-	assert_int_equal(run(e, "", NULL, argv, false, &st, &out, &err), 0);
-	assert_true(WIFSIGNALED(st));
-	assert_int_equal(sbx_ctl_exit_code(st), 128 + SIGTERM);
-	free(out);
-	free(err);
+	assert_int_equal(run(e, "", NULL, argv, false, &r), 0);
+	assert_true(WIFSIGNALED(r.st));
+	assert_int_equal(sbx_ctl_exit_code(r.st), 128 + SIGTERM);
+	result_fini(&r);
 }
 
 static void test_streams(void **state)
@@ -367,20 +376,18 @@ static void test_streams(void **state)
 	const char *argv[] = { "sh", "-c",
 			       "pwd; echo err >&2; cat; printf '%s' \"$1\"",
 			       "sh", "a 'b' \"c\" $d", NULL };
-	char *out, *err, want[256];
-	int st;
+	char want[256];
+	struct result r;
 
 	assert_int_equal(mkdir(strcat(strcpy(want, e->dir), "/sub"), 0755),
 			 0);
-	assert_int_equal(run(e, "sub", "stdin data\n", argv, false, &st, &out,
-			     &err), 0);
-	assert_int_equal(sbx_ctl_exit_code(st), 0);
+	assert_int_equal(run(e, "sub", "stdin data\n", argv, false, &r), 0);
+	assert_int_equal(sbx_ctl_exit_code(r.st), 0);
 	snprintf(want, sizeof(want), "%s/sub\nstdin data\na 'b' \"c\" $d",
 		 e->dir);
-	assert_string_equal(out, want);
-	assert_string_equal(err, "err\n");
-	free(out);
-	free(err);
+	assert_string_equal(r.out, want);
+	assert_string_equal(r.err, "err\n");
+	result_fini(&r);
 }
 
 static void test_env_in_command(void **state)
@@ -389,47 +396,43 @@ static void test_env_in_command(void **state)
 	const char *argv[] = { "sh", "-c",
 			       "echo \"$LC_ALL:$SBX_SESSION:${HOME:+home}\"",
 			       NULL };
-	char *out, *err;
-	int st;
+	struct result r;
 
-	assert_int_equal(run(e, "", NULL, argv, false, &st, &out, &err), 0);
-	assert_string_equal(out, "C:unit:home\n");
-	free(out);
-	free(err);
+	assert_int_equal(run(e, "", NULL, argv, false, &r), 0);
+	assert_string_equal(r.out, "C:unit:home\n");
+	result_fini(&r);
+}
+
+/* Running argv in cwd is refused with `want`: the exit code `code` and a
+ * message holding `msg` (when given). */
+static void run_refused(struct env *e, const char *cwd,
+			const char *const *argv, int want, int code,
+			const char *msg)
+{
+	struct result r;
+	int rc = run(e, cwd, NULL, argv, false, &r);
+
+	assert_int_equal(rc, want);
+	if (code)
+		assert_int_equal(sbx_ctl_error_exit_code(rc), code);
+	if (msg)
+		assert_non_null(strstr(sbx_error_last()->msg, msg));
+	result_fini(&r);
 }
 
 static void test_not_found(void **state)
 {
-	struct env *e = *state;
 	const char *argv[] = { "no-such-command-sbx", NULL };
-	char *out, *err;
-	int st, rc;
 
-	rc = run(e, "", NULL, argv, false, &st, &out, &err);
-	assert_int_equal(rc, -ENOENT);
-	assert_int_equal(sbx_ctl_error_exit_code(rc), 127);
-	assert_non_null(strstr(sbx_error_last()->msg, "command not found"));
-	free(out);
-	free(err);
+	run_refused(*state, "", argv, -ENOENT, 127, "command not found");
 }
 
 static void test_cwd_outside(void **state)
 {
-	struct env *e = *state;
 	const char *argv[] = { "true", NULL };
-	char *out, *err;
-	int st, rc;
 
-	rc = run(e, "/usr", NULL, argv, false, &st, &out, &err);
-	assert_int_equal(rc, -EACCES);
-	assert_int_equal(sbx_ctl_error_exit_code(rc), 125);
-	assert_non_null(strstr(sbx_error_last()->msg, "outside the sandbox"));
-	free(out);
-	free(err);
-	rc = run(e, "../", NULL, argv, false, &st, &out, &err);
-	assert_int_equal(rc, -EACCES);
-	free(out);
-	free(err);
+	run_refused(*state, "/usr", argv, -EACCES, 125, "outside the sandbox");
+	run_refused(*state, "../", argv, -EACCES, 0, NULL);
 }
 
 static void test_tty(void **state)
@@ -437,14 +440,12 @@ static void test_tty(void **state)
 	struct env *e = *state;
 	const char *argv[] = { "sh", "-c", "test -t 0 && test -t 1 && echo tty",
 			       NULL };
-	char *out, *err;
-	int st;
+	struct result r;
 
-	assert_int_equal(run(e, "", NULL, argv, true, &st, &out, &err), 0);
-	assert_int_equal(sbx_ctl_exit_code(st), 0);
-	assert_string_equal(out, "tty\r\n");
-	free(out);
-	free(err);
+	assert_int_equal(run(e, "", NULL, argv, true, &r), 0);
+	assert_int_equal(sbx_ctl_exit_code(r.st), 0);
+	assert_string_equal(r.out, "tty\r\n");
+	result_fini(&r);
 }
 
 static void test_big_output(void **state)
@@ -454,13 +455,11 @@ static void test_big_output(void **state)
 	const char *argv[] = { "sh", "-c",
 			       "head -c 8388608 /dev/zero & "
 			       "head -c 8388608 /dev/zero >&2; wait", NULL };
-	char *out, *err;
-	int st;
+	struct result r;
 
-	assert_int_equal(run(e, "", NULL, argv, false, &st, &out, &err), 0);
-	assert_int_equal(sbx_ctl_exit_code(st), 0);
-	free(out);
-	free(err);
+	assert_int_equal(run(e, "", NULL, argv, false, &r), 0);
+	assert_int_equal(sbx_ctl_exit_code(r.st), 0);
+	result_fini(&r);
 }
 
 static void test_fd_passing(void **state)
@@ -516,6 +515,38 @@ static void test_ping(void **state)
 	sbx_error_clear();
 }
 
+static void test_env_listed(void **state)
+{
+	assert_true(sbx_ctl_env_listed("A,B C:D\tE", "B", 1));
+	assert_true(sbx_ctl_env_listed("A,B C:D\tE", "E", 1));
+	assert_true(sbx_ctl_env_listed(" , A", "AB", 1));
+	assert_false(sbx_ctl_env_listed("AB", "A", 1));
+	assert_false(sbx_ctl_env_listed("A", "AB", 2));
+	assert_false(sbx_ctl_env_listed(NULL, "A", 1));
+	assert_false(sbx_ctl_env_listed("", "A", 1));
+}
+
+static void test_run_opts_stdio(void **state)
+{
+	struct sbx_ctl_run_opts o = { .socket_path = "x", .cwd = "d",
+				      .connect_timeout_ms = 7 };
+
+	sbx_ctl_run_opts_stdio(&o, 1);
+	assert_true(o.tty);
+	assert_int_equal(o.in_fd, 0);
+	assert_int_equal(o.out_fd, 1);
+	assert_int_equal(o.err_fd, 2);
+	assert_true(o.forward_signals && o.pass_fds);
+	/* The caller's fields stay. */
+	assert_string_equal(o.socket_path, "x");
+	assert_string_equal(o.cwd, "d");
+	assert_int_equal(o.connect_timeout_ms, 7);
+	sbx_ctl_run_opts_stdio(&o, 0);
+	assert_false(o.tty);
+	sbx_ctl_run_opts_stdio(&o, -1);
+	assert_true(o.tty == (isatty(0) && isatty(1)));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -523,24 +554,19 @@ int main(void)
 		cmocka_unit_test(test_request_umask),
 		cmocka_unit_test(test_frames_bytewise),
 		cmocka_unit_test(test_env_policy),
+		cmocka_unit_test(test_run_opts_stdio),
+		cmocka_unit_test(test_env_listed),
 		cmocka_unit_test(test_daemon_down),
-		cmocka_unit_test_setup_teardown(test_exit_codes, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_signal_death, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_streams, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_env_in_command, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_not_found, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_cwd_outside, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_tty, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_big_output, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_fd_passing, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_ping, setup, teardown),
+		TH_TEST(test_exit_codes),
+		TH_TEST(test_signal_death),
+		TH_TEST(test_streams),
+		TH_TEST(test_env_in_command),
+		TH_TEST(test_not_found),
+		TH_TEST(test_cwd_outside),
+		TH_TEST(test_tty),
+		TH_TEST(test_big_output),
+		TH_TEST(test_fd_passing),
+		TH_TEST(test_ping),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

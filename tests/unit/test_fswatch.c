@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,6 +112,105 @@ static void test_tree(void **state)
 	free(dir);
 }
 
+/* What the local provider relies on: identities, masks, batches, wake. */
+struct ident {
+	pthread_mutex_t lock;
+	dev_t dir_dev;
+	ino_t dir_ino;
+	uint32_t create_mask; /* of the ENTRY "sub/f" */
+	int scanned;          /* ENTRY events with mask 0 ("sub2/g") */
+	int self_attr;        /* ATTR about "sub" itself (name NULL) */
+	int batches;
+	bool bad;             /* an event broke the header's promises */
+};
+
+static void on_ident(const struct sbx_fswatch_event *ev, void *payload)
+{
+	struct ident *x = payload;
+
+	pthread_mutex_lock(&x->lock);
+	if (ev->kind == SBX_FSWATCH_BATCH) {
+		x->batches++;
+		if (ev->path || ev->name || ev->mask)
+			x->bad = true;
+	} else if (ev->kind == SBX_FSWATCH_ENTRY && ev->path &&
+		   !strcmp(ev->path, "sub/f")) {
+		if (!ev->name || strcmp(ev->name, "f"))
+			x->bad = true;
+		x->dir_dev = ev->dir_dev;
+		x->dir_ino = ev->dir_ino;
+		x->create_mask |= ev->mask;
+	} else if (ev->kind == SBX_FSWATCH_ENTRY && ev->path &&
+		   !strcmp(ev->path, "sub2/g")) {
+		if (ev->mask == 0)
+			x->scanned++;
+	} else if (ev->kind == SBX_FSWATCH_ATTR && ev->path &&
+		   !strcmp(ev->path, "sub") && !ev->name) {
+		x->self_attr++;
+	}
+	pthread_mutex_unlock(&x->lock);
+}
+
+static void test_identity_batch(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096], q[4200];
+	struct sbx_fswatch *w = NULL;
+	struct ident x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct stat st;
+	int before;
+
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/sub", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_int_equal(lstat(p, &st), 0);
+	assert_int_equal(sbx_fswatch_new_flags(&w, dir, SBX_FSWATCH_F_BATCH,
+					       on_ident, &x),
+			 0);
+
+	snprintf(p, sizeof(p), "%s/sub/f", dir);
+	th_write(p, "x");
+	snprintf(p, sizeof(p), "%s/sub", dir);
+	assert_int_equal(chmod(p, 0700), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	pthread_mutex_lock(&x.lock);
+	assert_false(x.bad);
+	assert_true(x.dir_dev == st.st_dev && x.dir_ino == st.st_ino);
+	assert_true(x.create_mask & IN_CREATE);
+	assert_true(x.self_attr >= 1);
+	assert_true(x.batches >= 1);
+	before = x.batches;
+	pthread_mutex_unlock(&x.lock);
+
+	/* A directory moved in is scanned: its entries come with mask 0. */
+	snprintf(p, sizeof(p), "%s/../sbx-fswatch-outside-%d", dir,
+		 (int)getpid());
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(q, sizeof(q), "%s/g", p);
+	th_write(q, "y");
+	snprintf(q, sizeof(q), "%s/sub2", dir);
+	assert_int_equal(rename(p, q), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	pthread_mutex_lock(&x.lock);
+	assert_int_equal(x.scanned, 1);
+	pthread_mutex_unlock(&x.lock);
+
+	/* wake() runs a batch without any inotify event; sync sees it. */
+	pthread_mutex_lock(&x.lock);
+	before = x.batches;
+	pthread_mutex_unlock(&x.lock);
+	sbx_fswatch_wake(w);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	pthread_mutex_lock(&x.lock);
+	assert_true(x.batches > before);
+	assert_false(x.bad);
+	pthread_mutex_unlock(&x.lock);
+
+	sbx_fswatch_free(w);
+	th_rmrf(dir);
+	free(dir);
+}
+
 static void test_bad_root(void **state)
 {
 	struct sbx_fswatch *w = (void *)1;
@@ -128,6 +228,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tree),
+		cmocka_unit_test(test_identity_batch),
 		cmocka_unit_test(test_bad_root),
 	};
 

@@ -149,11 +149,9 @@ static void test_expand_user(void **state)
 
 	setenv("HOME", "/home/someone", 1);
 	assert_int_equal(sbx_path_expand_user(&p, "~/sbx"), 0);
-	assert_string_equal(p, "/home/someone/sbx");
-	free(p);
+	TH_STR_FREE(p, "/home/someone/sbx");
 	assert_int_equal(sbx_path_expand_user(&p, "~"), 0);
-	assert_string_equal(p, "/home/someone");
-	free(p);
+	TH_STR_FREE(p, "/home/someone");
 	assert_int_equal(sbx_path_expand_user(&p, "~bob/x"), -EINVAL);
 }
 

@@ -19,25 +19,6 @@
 #include "sbx/xmalloc.h"
 #include "test_helpers_i.h"
 
-static int setup(void **state)
-{
-	char *tmp = th_tmpdir();
-
-	if (!tmp)
-		return -1;
-	setenv("SBX_HOME", tmp, 1);
-	*state = tmp;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	th_rmrf(*state);
-	free(*state);
-	unsetenv("SBX_HOME");
-	return 0;
-}
-
 static void fill(struct sbx_session *s, const char *name)
 {
 	sbx_session_init(s);
@@ -143,28 +124,34 @@ static void test_list(void **state)
 /* A second process must see the lock as held, then get it once freed. */
 static void test_lock_contention(void **state)
 {
-	int fd = -1, fd2 = -1, sync[2], st;
+	int fd = -1, fd2 = -1, held[2], release[2], st;
 	char c;
 	pid_t pid;
 
-	assert_int_equal(pipe(sync), 0);
+	/* The child says when it holds the lock, and holds it until told to
+	 * let go: no sleeping for a guessed time. */
+	assert_int_equal(pipe(held), 0);
+	assert_int_equal(pipe(release), 0);
 	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		int lfd;
 
-		close(sync[0]);
+		close(held[0]);
+		close(release[1]);
 		if (sbx_state_lock(&lfd, "s", true, 0) < 0)
 			_exit(2);
-		if (write(sync[1], "x", 1) != 1)
+		if (write(held[1], "x", 1) != 1)
 			_exit(3);
-		usleep(300 * 1000);
+		if (read(release[0], &c, 1) != 1)
+			_exit(4);
 		sbx_state_unlock(lfd);
 		_exit(0);
 	}
-	close(sync[1]);
-	assert_int_equal(read(sync[0], &c, 1), 1);
-	close(sync[0]);
+	close(held[1]);
+	close(release[0]);
+	assert_int_equal(read(held[0], &c, 1), 1);
+	close(held[0]);
 
 	assert_int_equal(sbx_state_lock(&fd, "s", true, 0), -EBUSY);
 	assert_int_equal(sbx_error_last()->klass, SBX_ERR_STATE);
@@ -172,6 +159,8 @@ static void test_lock_contention(void **state)
 			       "another sbx command is working on session s"));
 	assert_int_equal(sbx_state_lock(&fd, "s", false, 50), -EBUSY);
 	/* Waiting long enough succeeds once the child lets go. */
+	assert_int_equal(write(release[1], "x", 1), 1);
+	close(release[1]);
 	assert_int_equal(sbx_state_lock(&fd, "s", true, 5000), 0);
 	assert_true(fd >= 0);
 	assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -197,15 +186,18 @@ static void test_lock_contention(void **state)
 	sbx_state_unlock(-1);
 }
 
+/* A test with its own $SBX_HOME. */
+#define HOME_TEST(t)                                                           \
+	cmocka_unit_test_setup_teardown(t, th_sbx_home_setup,                  \
+					th_sbx_home_teardown)
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_roundtrip, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_list, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_lock_contention, setup,
-						teardown),
+		HOME_TEST(test_roundtrip),
+		HOME_TEST(test_corrupt),
+		HOME_TEST(test_list),
+		HOME_TEST(test_lock_contention),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
