@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/paths.h"
 
 #include "pcommon.h"
@@ -189,14 +190,12 @@ int pcommon_cfg_env(const char *section, const cJSON *sec, const char *key,
 
 void pcommon_hash_hex(char out[17], const char *a, const char *b)
 {
-	unsigned long long h = 1469598103934665603ULL;
+	/* The hex names things on disk and in clusters: it must not change. */
+	uint64_t h = sbx_fnv1a(a, strlen(a) + 1); /* with the NUL */
 
-	for (const char *p = a; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	h = (h ^ 0) * 1099511628211ULL;
-	for (const char *p = b ? b : ""; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-	snprintf(out, 17, "%016llx", h);
+	if (b)
+		h = sbx_fnv1a_more(h, b, strlen(b));
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 
 int pcommon_home_id(char out[17])

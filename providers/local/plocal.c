@@ -64,16 +64,7 @@ static void plocal_free(struct sbx_provider *p)
 }
 
 static const struct sbx_provider_ops plocal_ops = {
-	.version = SBX_PROVIDER_OPS_VERSION,
-	.name = "local",
-	.create = plocal_create,
-	.get = plocal_get,
-	.list = plocal_list,
-	.terminate = plocal_terminate,
-	.snapshot = plocal_snapshot,
-	.snapshots = plocal_snapshots,
-	.restore = plocal_restore,
-	.open = plocal_open,
+	PBACKEND_OPS(plocal, "local"),
 	.free = plocal_free,
 };
 
@@ -87,7 +78,6 @@ int plocal_provider_new(struct sbx_provider **out, const struct cJSON *config)
 	struct plocal_provider *lp;
 	const cJSON *iso;
 	char *dir = NULL;
-	cJSON *conf;
 	int rc;
 
 	*out = NULL;
@@ -100,12 +90,7 @@ int plocal_provider_new(struct sbx_provider **out, const struct cJSON *config)
 				     "\"none\" or \"bwrap\"");
 	if ((rc = sbx_paths_subdir(&dir, "worktrees")) < 0)
 		return sbx_error_prefix(rc, "local provider");
-	conf = config ? cJSON_Duplicate(config, 1) : cJSON_CreateObject();
-	if (!conf)
-		abort(); /* out of memory, as sbx_xmalloc */
-	lp = sbx_xcalloc(1, sizeof(*lp));
-	lp->base.ops = &plocal_ops;
-	lp->base.config = conf;
+	lp = pbackend_new(sizeof(*lp), &plocal_ops, config);
 	lp->worktrees = dir;
 	*out = &lp->base;
 	return 0;

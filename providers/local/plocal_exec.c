@@ -15,8 +15,9 @@
  * controlling terminal inside the new session, so ^C reaches the command
  * (the foreground group) and not bwrap.
  *
- * The child runs between fork() and execve() in a multithreaded daemon, so
- * it only makes async-signal-safe calls on data prepared by the parent.
+ * The child is started by sbx_spawn_start() (sbx/spawn.h), which runs only
+ * async-signal-safe calls between fork() and execve(), on data prepared
+ * here: the program is found in the command's PATH before fork.
  */
 #include "config.h"
 
@@ -39,11 +40,11 @@
 
 #include "sbx/exec.h"
 #include "sbx/paths.h"
+#include "sbx/spawn.h"
 #include "sbx/xmalloc.h"
 
 #include "plocal_i.h"
 
-#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define PIPE_SIZE (1024 * 1024)
 
 struct lexec {
@@ -57,74 +58,6 @@ struct lexec {
 };
 
 /* ---- helpers (parent side) ---------------------------------------------- */
-
-static const char *env_get(const char *const *envp, const char *name)
-{
-	size_t n = strlen(name);
-
-	for (size_t i = 0; envp && envp[i]; i++)
-		if (!strncmp(envp[i], name, n) && envp[i][n] == '=')
-			return envp[i] + n + 1;
-	return NULL;
-}
-
-static bool is_exec_file(const char *path)
-{
-	struct stat st;
-
-	return stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-	       access(path, X_OK) == 0;
-}
-
-/*
- * Find `prog` in `path` (a PATH value) the way execvp(3) does.  *out is
- * malloc'd.  -ENOENT when not found, -EACCES when found but not executable.
- */
-static int path_search(char **out, const char *prog, const char *path,
-		       const char *cwd)
-{
-	bool seen = false;
-	const char *p = path;
-
-	*out = NULL;
-	if (strchr(prog, '/')) {
-		char *full = prog[0] == '/' ? sbx_xstrdup(prog)
-					    : sbx_xasprintf("%s/%s", cwd, prog);
-
-		if (access(full, F_OK) < 0) {
-			free(full);
-			return -ENOENT;
-		}
-		*out = full;
-		return 0;
-	}
-	while (1) {
-		size_t l = strcspn(p, ":");
-		char *cand = l ? sbx_xasprintf("%.*s/%s", (int)l, p, prog)
-			       : sbx_xasprintf("%s/%s", cwd, prog);
-
-		if (is_exec_file(cand)) {
-			*out = cand;
-			return 0;
-		}
-		if (access(cand, F_OK) == 0)
-			seen = true;
-		free(cand);
-		if (!p[l])
-			break;
-		p += l + 1;
-	}
-	return seen ? -EACCES : -ENOENT;
-}
-
-static int exec_error(int rc, const char *prog)
-{
-	if (rc == -ENOENT)
-		return sbx_error_setd(SBX_ERR_OS, rc, SBX_EXEC_ERR_PROGRAM,
-				      "%s: command not found", prog);
-	return sbx_error_setd(SBX_ERR_OS, rc, SBX_EXEC_ERR_PROGRAM,
-			      "%s: cannot execute: %s", prog, strerror(-rc));
-}
 
 /* Is `path` (resolved) `root` or below it? */
 static bool path_within(const char *path, const char *root)
@@ -173,8 +106,7 @@ out:
 
 static int find_bwrap(char **out)
 {
-	const char *path = getenv("PATH");
-	int rc = path_search(out, "bwrap", path ? path : DEFAULT_PATH, "/");
+	int rc = sbx_spawn_find(out, "bwrap", getenv("PATH"), AT_FDCWD, "/");
 
 	if (rc < 0)
 		return sbx_error_set(SBX_ERR_CONFIG, -ENOENT,
@@ -211,63 +143,6 @@ static void ab_free(struct argvb *a)
 	for (size_t i = 0; i < a->n; i++)
 		free(a->v[i]);
 	free(a->v);
-}
-
-/* ---- the child ---------------------------------------------------------- */
-
-struct child_plan {
-	const char *file;         /* program to execve */
-	char *const *argv;
-	char *const *envp;
-	const char *cwd;
-	int in, out, err;         /* child's stdio */
-	bool ctty;                /* make `in` (pty slave) the ctty */
-	int keep_fd;              /* bwrap --info-fd, inherited; or -1 */
-	int errpipe;              /* write end: errno of a failed exec */
-	mode_t umask;             /* the command's umask */
-	bool no_new_privs;        /* PR_SET_NO_NEW_PRIVS before execve */
-};
-
-static void __attribute__((noreturn)) child(const struct child_plan *p)
-{
-	struct sigaction sa = { .sa_handler = SIG_DFL };
-	sigset_t all;
-	int e;
-
-	/* Default dispositions and an empty mask: the daemon's threads block
-	 * and ignore signals the command must see (sh cannot trap a signal
-	 * that was ignored on entry). */
-	sigemptyset(&sa.sa_mask);
-	for (int s = 1; s < NSIG; s++)
-		if (s != SIGKILL && s != SIGSTOP)
-			sigaction(s, &sa, NULL);
-	sigemptyset(&all);
-	sigprocmask(SIG_SETMASK, &all, NULL);
-
-	if (setsid() < 0)
-		goto fail;
-	if (dup2(p->in, 0) < 0 || dup2(p->out, 1) < 0 || dup2(p->err, 2) < 0)
-		goto fail;
-	if (p->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
-		goto fail;
-	/* Nothing of the daemon's leaks into the command, whatever a library
-	 * opened without O_CLOEXEC. */
-	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-	if (p->keep_fd >= 0 && fcntl(p->keep_fd, F_SETFD, 0) < 0)
-		goto fail;
-	if (chdir(p->cwd) < 0)
-		goto fail;
-	/* The caller's, not the daemon's umask(0); bwrap passes it on. */
-	umask(p->umask);
-	if (p->no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		goto fail;
-	execve(p->file, p->argv, p->envp);
-fail:
-	e = errno;
-	if (write(p->errpipe, &e, sizeof(e)) < 0) {
-		/* nothing more to do */
-	}
-	_exit(127);
 }
 
 /* ---- handle ops --------------------------------------------------------- */
@@ -700,36 +575,18 @@ static bool is_setuid(const char *path)
 
 /* ---- start -------------------------------------------------------------- */
 
-static void set_nonblock(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl >= 0)
-		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static void close_fd(int *fd)
-{
-	if (*fd >= 0)
-		close(*fd);
-	*fd = -1;
-}
-
 int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req,
 		      struct sbx_exec_handle **out)
 {
 	struct plocal_sandbox *psb = (struct plocal_sandbox *)sb;
 	bool bwrap = psb->isolation && !strcmp(psb->isolation, "bwrap");
-	int in[2] = { -1, -1 }, o[2] = { -1, -1 }, e[2] = { -1, -1 };
-	int errp[2] = { -1, -1 }, info[2] = { -1, -1 };
-	int master = -1, slave = -1, rc, child_errno = 0;
+	struct sbx_spawn sp = { .in_fd = -1, .out_fd = -1, .err_fd = -1,
+				.pty_fd = -1 };
+	int info[2] = { -1, -1 }, rc;
 	char *cwd = NULL, *prog = NULL, *bwrap_bin = NULL;
 	struct argvb bargv = { 0 };
-	struct child_plan plan = { .keep_fd = -1 };
+	struct sbx_spawn_opts o;
 	struct lexec *x = NULL;
-	const char *path;
-	pid_t pid;
-	ssize_t n;
 
 	*out = NULL;
 	SBX_ASSERT_ARG(req && req->argv && req->argv[0] && req->cwd);
@@ -738,48 +595,15 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 	rc = check_cwd(&cwd, psb, req->cwd);
 	if (rc < 0)
 		goto out;
-	path = env_get(req->envp, "PATH");
-	rc = path_search(&prog, req->argv[0], path ? path : DEFAULT_PATH, cwd);
+	rc = sbx_spawn_find(&prog, req->argv[0],
+			    sbx_spawn_env_get(req->envp, "PATH"), AT_FDCWD,
+			    cwd);
 	if (rc < 0) {
-		rc = exec_error(rc, req->argv[0]);
+		rc = sbx_spawn_program_error(rc, req->argv[0]);
 		goto out;
 	}
 
-	if (req->tty) {
-		char name[128];
-		struct winsize ws = { .ws_row = req->rows, .ws_col = req->cols };
-
-		master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-		if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0 ||
-		    ptsname_r(master, name, sizeof(name)) != 0) {
-			rc = sbx_error_os("allocate a pseudo-terminal");
-			goto out;
-		}
-		slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-		if (slave < 0) {
-			rc = sbx_error_os("open %s", name);
-			goto out;
-		}
-		if (req->rows && req->cols)
-			ioctl(master, TIOCSWINSZ, &ws);
-	} else {
-		if ((req->stdio[0] < 0 && pipe2(in, O_CLOEXEC) < 0) ||
-		    (req->stdio[1] < 0 && pipe2(o, O_CLOEXEC) < 0) ||
-		    (req->stdio[2] < 0 && pipe2(e, O_CLOEXEC) < 0)) {
-			rc = sbx_error_os("pipe");
-			goto out;
-		}
-		/* Fewer, larger reads for big outputs. */
-		if (o[0] >= 0)
-			fcntl(o[0], F_SETPIPE_SZ, PIPE_SIZE);
-		if (e[0] >= 0)
-			fcntl(e[0], F_SETPIPE_SZ, PIPE_SIZE);
-	}
-	if (pipe2(errp, O_CLOEXEC) < 0) {
-		rc = sbx_error_os("pipe");
-		goto out;
-	}
-
+	sbx_spawn_opts_init(&o);
 	if (bwrap) {
 		rc = find_bwrap(&bwrap_bin);
 		if (rc < 0)
@@ -792,63 +616,47 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 				req->argv, info[1], req->tty);
 		if (rc < 0)
 			goto out;
-		plan.file = bwrap_bin;
-		plan.argv = bargv.v;
-		plan.no_new_privs = !is_setuid(bwrap_bin);
-		plan.keep_fd = info[1];
+		o.file = bwrap_bin;
+		o.argv = (const char *const *)bargv.v;
+		o.no_new_privs = !is_setuid(bwrap_bin);
+		o.keep_fd = info[1];
 	} else {
-		plan.file = prog;
-		plan.argv = (char *const *)req->argv;
+		o.file = prog;
+		o.argv = req->argv;
 	}
-	plan.envp = (char *const *)req->envp;
-	plan.cwd = cwd;
-	if (req->tty) {
-		plan.in = plan.out = plan.err = slave;
-		plan.ctty = !bwrap;
-	} else {
-		plan.in = req->stdio[0] >= 0 ? req->stdio[0] : in[0];
-		plan.out = req->stdio[1] >= 0 ? req->stdio[1] : o[1];
-		plan.err = req->stdio[2] >= 0 ? req->stdio[2] : e[1];
-	}
-	plan.errpipe = errp[1];
-	plan.umask = (req->has_umask ? req->umask : SBX_EXEC_DEFAULT_UMASK) &
-		     0777;
+	o.envp = req->envp;
+	o.cwd = cwd;
+	o.tty = req->tty;
+	o.ctty = req->tty && !bwrap;
+	o.rows = req->rows;
+	o.cols = req->cols;
+	for (int i = 0; i < 3; i++)
+		o.stdio[i] = req->stdio[i] >= 0 ? req->stdio[i]
+						: SBX_SPAWN_PIPE;
+	/* The caller's, not the daemon's umask(0); bwrap passes it on. */
+	o.umask = (req->has_umask ? req->umask : SBX_EXEC_DEFAULT_UMASK) &
+		  0777;
+	o.pipe_size = PIPE_SIZE;
+	o.nonblock = true;
 
-	pid = fork();
-	if (pid < 0) {
-		rc = sbx_error_os("fork");
-		goto out;
-	}
-	if (pid == 0)
-		child(&plan);
-
-	close_fd(&errp[1]);
-	close_fd(&slave);
-	close_fd(&in[0]);
-	close_fd(&o[1]);
-	close_fd(&e[1]);
-	close_fd(&info[1]);
-	do {
-		n = read(errp[0], &child_errno, sizeof(child_errno));
-	} while (n < 0 && errno == EINTR);
-	if (n == sizeof(child_errno)) {
-		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-			;
-		rc = bwrap ? sbx_error_setd(SBX_ERR_OS, -child_errno, 0,
-					    "run bwrap: %s",
-					    strerror(child_errno))
-			   : exec_error(-child_errno, req->argv[0]);
+	rc = sbx_spawn_start(&sp, &o);
+	close(info[1]);
+	info[1] = -1;
+	if (rc < 0) {
+		if (bwrap && sp.child_failed)
+			rc = sbx_error_setd(SBX_ERR_OS, rc, 0, "run bwrap: %s",
+					    strerror(-rc));
 		goto out;
 	}
 
 	x = sbx_xcalloc(1, sizeof(*x));
 	x->base.ops = &lexec_ops;
-	x->base.pid = pid;
+	x->base.pid = sp.pid;
 	x->tty = req->tty;
 	x->bwrap = bwrap;
 	x->info_fd = info[0];
 	info[0] = -1;
-	x->base.exit_fd = pidfd_open(pid, 0);
+	x->base.exit_fd = pidfd_open(sp.pid, 0);
 	if (x->base.exit_fd < 0) {
 		rc = sbx_error_os("pidfd_open");
 		x->base.stdin_fd = x->base.stdout_fd = x->base.stderr_fd = -1;
@@ -857,36 +665,23 @@ int plocal_exec_start(struct sbx_sandbox *sb, const struct sbx_exec_request *req
 		goto out;
 	}
 	if (req->tty) {
-		set_nonblock(master);
-		x->base.stdin_fd = master;
-		x->base.stdout_fd = master;
+		x->base.stdin_fd = x->base.stdout_fd = sp.pty_fd;
 		x->base.stderr_fd = -1;
-		master = -1;
+		sp.pty_fd = -1;
 	} else {
 		/* -1 where the command got a descriptor of the client. */
-		if (in[1] >= 0)
-			set_nonblock(in[1]);
-		if (o[0] >= 0)
-			set_nonblock(o[0]);
-		if (e[0] >= 0)
-			set_nonblock(e[0]);
-		x->base.stdin_fd = in[1];
-		x->base.stdout_fd = o[0];
-		x->base.stderr_fd = e[0];
-		in[1] = o[0] = e[0] = -1;
+		x->base.stdin_fd = sp.in_fd;
+		x->base.stdout_fd = sp.out_fd;
+		x->base.stderr_fd = sp.err_fd;
+		sp.in_fd = sp.out_fd = sp.err_fd = -1;
 	}
 	*out = &x->base;
 	rc = 0;
 out:
-	close_fd(&master);
-	close_fd(&slave);
-	for (int i = 0; i < 2; i++) {
-		close_fd(&in[i]);
-		close_fd(&o[i]);
-		close_fd(&e[i]);
-		close_fd(&errp[i]);
-		close_fd(&info[i]);
-	}
+	sbx_spawn_fini(&sp);
+	for (int i = 0; i < 2; i++)
+		if (info[i] >= 0)
+			close(info[i]);
 	ab_free(&bargv);
 	free(bwrap_bin);
 	free(prog);

@@ -2,8 +2,10 @@
  * Local provider internals: a git worktree on this machine.
  *
  *   plocal.c        provider/sandbox ops tables, construction, open()
- *   plocal_git.c    control plane on libgit2: create, get, list, terminate,
- *                   snapshot, snapshots, restore
+ *   plocal_git*.c,  control plane on libgit2: create, get, list, terminate,
+ *   plocal_create.c snapshot, snapshots, restore (plocal_git_i.h lists
+ *   plocal_snap.c   the files)
+ *   plocal_fsutil.c
  *   plocal_fs.c     data plane: passthrough on O_PATH descriptors
  *   plocal_watch.c  change stream: recursive inotify on the worktree
  *   plocal_exec.c   exec in the worktree, optionally under bubblewrap
@@ -22,6 +24,8 @@
 #include <stdint.h>
 
 #include "sbx/provider.h"
+
+#include "../backends.h"
 
 struct cJSON;
 
@@ -61,9 +65,7 @@ struct plocal_sandbox {
 	struct plocal_watch *watch;
 };
 
-/* Construct the provider (registry entry). */
-SBX_WUR int plocal_provider_new(struct sbx_provider **out,
-				const struct cJSON *config);
+/* plocal_provider_new(), the registry's entry: providers/backends.h. */
 
 /* --- plocal_git.c: control plane ---------------------------------------- */
 int plocal_create(struct sbx_provider *p, const struct sbx_create_opts *o,

@@ -1,53 +1,32 @@
 /*
- * Local change stream: recursive inotify on the worktree.
+ * Local change stream: recursive inotify on the worktree, through
+ * lib/fswatch.c (sbx/fswatch.h), turned into struct sbx_change for the
+ * daemon, which invalidates kernel caches.
  *
- * One watch per directory.  A thread reads events and turns them into
- * struct sbx_change for the daemon, which invalidates kernel caches.  The
- * exec barrier (plocal_watch_sync) relies on a property of inotify: an event
- * is queued inside the system call that caused it, so once a command has
+ * What this file adds to the watcher: changes name objects by identity
+ * (the directory's st_dev/st_ino and the entry name, or the object's own
+ * identity for DATA and ATTR), and events our own system calls cause
+ * through the mount are dropped (plocal_expect_begin/end, plocal_i.h).  The
+ * exec barrier (plocal_watch_sync) is the watcher's: an inotify event is
+ * queued inside the system call that caused it, so once a command has
  * exited, draining the queue delivers every change it made.
- *
- * Directories created or moved into the tree get watches as their events
- * arrive; since entries may appear in them before the watch exists, every
- * entry found while adding a watch is reported too.  Directory renames
- * inside the tree keep their watches and only rewrite recorded paths.
  */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
-#include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "sbx/fswatch.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
 #include "plocal_i.h"
 
-#define WATCH_MASK                                                             \
-	(IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY |     \
-	 IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
-
-/* In a burst (BURST_EVENTS read at once), let events accumulate this long. */
-#define COALESCE_MS 5
-#define BURST_EVENTS 64
-
 /* How long the exec barrier waits for the watcher before giving up. */
-#define SYNC_TIMEOUT_SEC 30
-
-struct wdir {
-	char *path; /* absolute */
-	dev_t dev;
-	ino_t ino;
-};
+#define SYNC_TIMEOUT_MS (30 * 1000)
 
 /* An event our own system call will cause (see plocal_i.h). */
 struct plocal_expect {
@@ -69,178 +48,33 @@ struct deferred {
 };
 
 struct plocal_watch {
-	int ifd;
-	int efd;
-	pthread_t thread;
+	struct sbx_fswatch *fw;
+	const char *root; /* the sandbox's root_path, borrowed */
 	sbx_change_cb cb;
 	void *payload;
-	uint64_t seq;
-
-	/* Indexed by watch descriptor; only the watcher thread touches it
-	 * after start. */
-	struct wdir **wds;
-	size_t nwds;
-
-	/* A directory moved away, waiting for its IN_MOVED_TO. */
-	uint32_t move_cookie;
-	char *move_path;
+	uint64_t seq; /* the watcher thread only */
 
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
 	struct plocal_expect *expect; /* protected by lock */
 	struct deferred *deferred;    /* protected by lock */
-	uint64_t req_gen;  /* protected by lock */
-	uint64_t done_gen; /* protected by lock */
-	bool stop;         /* protected by lock */
 };
 
-static void emit(struct plocal_watch *w, int kind, const struct wdir *dir,
-		 const char *name, const struct stat *st)
+/* Report a change; `name` in the directory (dir_dev, dir_ino), or about
+ * the object (dev, ino) alone.  On the watcher thread. */
+static void emit(struct plocal_watch *w, int kind, dev_t dir_dev,
+		 ino_t dir_ino, const char *name, dev_t dev, ino_t ino)
 {
-	struct sbx_change c;
+	const struct sbx_change c = {
+		.seq = ++w->seq,
+		.kind = kind,
+		.dir_dev = dir_dev,
+		.dir_ino = dir_ino,
+		.name = name,
+		.dev = dev,
+		.ino = ino,
+	};
 
-	memset(&c, 0, sizeof(c));
-	c.seq = ++w->seq;
-	c.kind = kind;
-	if (dir) {
-		c.dir_dev = dir->dev;
-		c.dir_ino = dir->ino;
-	}
-	c.name = name;
-	if (st) {
-		c.dev = st->st_dev;
-		c.ino = st->st_ino;
-	}
 	w->cb(&c, w->payload);
-}
-
-static void set_wd(struct plocal_watch *w, int wd, char *path,
-		   const struct stat *st)
-{
-	struct wdir *d;
-
-	if ((size_t)wd >= w->nwds) {
-		size_t n = w->nwds ? w->nwds : 64;
-
-		while (n <= (size_t)wd)
-			n *= 2;
-		w->wds = sbx_xrealloc(w->wds, n * sizeof(*w->wds));
-		memset(w->wds + w->nwds, 0, (n - w->nwds) * sizeof(*w->wds));
-		w->nwds = n;
-	}
-	d = w->wds[wd];
-	if (!d) {
-		d = sbx_xcalloc(1, sizeof(*d));
-		w->wds[wd] = d;
-	}
-	free(d->path);
-	d->path = path;
-	d->dev = st->st_dev;
-	d->ino = st->st_ino;
-}
-
-static void drop_wd(struct plocal_watch *w, int wd)
-{
-	if (wd < 0 || (size_t)wd >= w->nwds || !w->wds[wd])
-		return;
-	free(w->wds[wd]->path);
-	free(w->wds[wd]);
-	w->wds[wd] = NULL;
-}
-
-/*
- * Watch `path` and every directory beneath it.  With `report`, emit an
- * ENTRY change for every entry found (they may predate the watch).
- * Returns 0 or -errno (-ENOSPC when the inotify watch limit is reached).
- */
-static int add_tree(struct plocal_watch *w, const char *path, bool report)
-{
-	struct stat st;
-	struct dirent *e;
-	DIR *dir;
-	int wd, rc = 0;
-
-	wd = inotify_add_watch(w->ifd, path, WATCH_MASK);
-	if (wd < 0) {
-		if (errno == ENOENT || errno == ENOTDIR)
-			return 0; /* gone again: its parent's event says so */
-		return sbx_error_os("inotify watch %s (raise "
-				    "fs.inotify.max_user_watches?)", path);
-	}
-	if (lstat(path, &st) < 0)
-		return 0;
-	set_wd(w, wd, sbx_xstrdup(path), &st);
-	dir = opendir(path);
-	if (!dir)
-		return 0;
-	while ((e = readdir(dir))) {
-		char *child;
-		bool isdir;
-
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (report)
-			emit(w, SBX_CHANGE_ENTRY, w->wds[wd], e->d_name, NULL);
-		isdir = e->d_type == DT_DIR;
-		child = sbx_xasprintf("%s/%s", path, e->d_name);
-		if (e->d_type == DT_UNKNOWN) {
-			struct stat cst;
-
-			isdir = lstat(child, &cst) == 0 && S_ISDIR(cst.st_mode);
-		}
-		if (isdir)
-			rc = add_tree(w, child, report);
-		free(child);
-		if (rc < 0)
-			break;
-	}
-	closedir(dir);
-	return rc;
-}
-
-/* A directory moved from `from` to `to` inside the tree: fix paths. */
-static void rename_prefix(struct plocal_watch *w, const char *from,
-			  const char *to)
-{
-	size_t flen = strlen(from);
-
-	for (size_t i = 0; i < w->nwds; i++) {
-		struct wdir *d = w->wds[i];
-
-		if (!d || strncmp(d->path, from, flen) != 0 ||
-		    (d->path[flen] != '\0' && d->path[flen] != '/'))
-			continue;
-		char *np = sbx_xasprintf("%s%s", to, d->path + flen);
-
-		free(d->path);
-		d->path = np;
-	}
-}
-
-/* A directory left the tree: stop watching it and everything below. */
-static void remove_prefix(struct plocal_watch *w, const char *from)
-{
-	size_t flen = strlen(from);
-
-	for (size_t i = 0; i < w->nwds; i++) {
-		struct wdir *d = w->wds[i];
-
-		if (!d || strncmp(d->path, from, flen) != 0 ||
-		    (d->path[flen] != '\0' && d->path[flen] != '/'))
-			continue;
-		inotify_rm_watch(w->ifd, (int)i);
-		drop_wd(w, (int)i);
-	}
-}
-
-static void settle_move(struct plocal_watch *w)
-{
-	if (!w->move_path)
-		return;
-	remove_prefix(w, w->move_path);
-	free(w->move_path);
-	w->move_path = NULL;
-	w->move_cookie = 0;
 }
 
 /*
@@ -249,7 +83,7 @@ static void settle_move(struct plocal_watch *w)
  * queue (a second IN_CREATE needs an IN_DELETE between), so one event
  * answers one expectation exactly.
  */
-static bool expect_consume(struct plocal_watch *w, const struct wdir *dir,
+static bool expect_consume(struct plocal_watch *w, dev_t dev, ino_t ino,
 			   const char *name, uint32_t mask)
 {
 	struct plocal_expect **pp, *e;
@@ -258,8 +92,8 @@ static bool expect_consume(struct plocal_watch *w, const struct wdir *dir,
 	mask &= IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO;
 	pthread_mutex_lock(&w->lock);
 	for (pp = &w->expect; (e = *pp); pp = &e->next) {
-		if (e->mask != mask || e->ino != dir->ino ||
-		    e->dev != dir->dev || strcmp(e->name, name) != 0)
+		if (e->mask != mask || e->ino != ino || e->dev != dev ||
+		    strcmp(e->name, name) != 0)
 			continue;
 		*pp = e->next;
 		found = true;
@@ -299,10 +133,8 @@ static void emit_deferred(struct plocal_watch *w)
 	w->deferred = NULL;
 	pthread_mutex_unlock(&w->lock);
 	for (; d; d = next) {
-		struct wdir dir = {.dev = d->dev, .ino = d->ino};
-
 		next = d->next;
-		emit(w, SBX_CHANGE_ENTRY, &dir, d->name, NULL);
+		emit(w, SBX_CHANGE_ENTRY, d->dev, d->ino, d->name, 0, 0);
 		free(d);
 	}
 }
@@ -336,7 +168,6 @@ void plocal_expect_end(struct plocal_sandbox *s, struct plocal_expect *e,
 {
 	struct plocal_watch *w = s->watch;
 	struct plocal_expect **pp;
-	uint64_t one = 1;
 	bool wake = false;
 
 	if (!e)
@@ -371,175 +202,60 @@ void plocal_expect_end(struct plocal_sandbox *s, struct plocal_expect *e,
 		e->ended = true; /* the watcher frees it when the event comes */
 	}
 	pthread_mutex_unlock(&w->lock);
-	if (wake && write(w->efd, &one, sizeof(one)) < 0) {
-		/* The counter cannot overflow in practice. */
-	}
+	if (wake)
+		sbx_fswatch_wake(w->fw);
 }
 
-static void handle(struct plocal_watch *w, const struct inotify_event *ev)
+/* fswatch callback, on the watcher thread. */
+static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 {
-	struct wdir *dir;
+	struct plocal_watch *w = payload;
 	struct stat st;
 	char *path;
 
-	if (ev->mask & IN_Q_OVERFLOW) {
+	switch (ev->kind) {
+	case SBX_FSWATCH_OVERFLOW:
 		expect_clear(w);
-		emit(w, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
+		emit(w, SBX_CHANGE_OVERFLOW, 0, 0, NULL, 0, 0);
 		return;
-	}
-	if (ev->wd < 0 || (size_t)ev->wd >= w->nwds || !w->wds[ev->wd])
-		return;
-	if (ev->mask & IN_IGNORED) {
-		drop_wd(w, ev->wd);
-		return;
-	}
-	dir = w->wds[ev->wd];
-	if (ev->len == 0) {
-		/* About the watched directory itself. */
-		if (ev->mask & IN_ATTRIB) {
-			struct stat dst = {.st_dev = dir->dev,
-					   .st_ino = dir->ino};
-
-			emit(w, SBX_CHANGE_ATTR, NULL, NULL, &dst);
-		}
-		return;
-	}
-
-	/* A pending directory move that did not pair with this event. */
-	if (w->move_path && !((ev->mask & IN_MOVED_TO) &&
-			      ev->cookie == w->move_cookie))
-		settle_move(w);
-
-	path = sbx_xasprintf("%s/%s", dir->path, ev->name);
-	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
-		if (!expect_consume(w, dir, ev->name, ev->mask))
-			emit(w, SBX_CHANGE_ENTRY, dir, ev->name, NULL);
-		if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
-			w->move_cookie = ev->cookie;
-			w->move_path = path;
-			path = NULL;
-		} else if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_TO) &&
-			   w->move_path && ev->cookie == w->move_cookie) {
-			rename_prefix(w, w->move_path, path);
-			free(w->move_path);
-			w->move_path = NULL;
-			w->move_cookie = 0;
-		} else if ((ev->mask & IN_ISDIR) &&
-			   (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
-			if (add_tree(w, path, true) < 0) {
-				sbx_warn("%s; caches may go stale: "
-					 "invalidating everything",
-					 sbx_error_last()->msg);
-				sbx_error_clear();
-				emit(w, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
-			}
-		}
-	} else if (ev->mask & (IN_MODIFY | IN_ATTRIB)) {
-		if (lstat(path, &st) == 0)
-			emit(w, (ev->mask & IN_MODIFY) ? SBX_CHANGE_DATA
-							: SBX_CHANGE_ATTR,
-			     dir, ev->name, &st);
-	}
-	free(path);
-}
-
-/* Read and handle everything queued now: the number of events, or -1. */
-static long drain(struct plocal_watch *w)
-{
-	long count = 0;
-
-	char buf[64 * 1024]
-		__attribute__((aligned(__alignof__(struct inotify_event))));
-
-	for (;;) {
-		ssize_t n = read(w->ifd, buf, sizeof(buf));
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				break;
-			sbx_error("inotify read: %s", strerror(errno));
-			return -1;
-		}
-		for (char *p = buf; p < buf + n;) {
-			const struct inotify_event *ev = (void *)p;
-
-			handle(w, ev);
-			p += sizeof(*ev) + ev->len;
-			count++;
-		}
-	}
-	/* A move whose partner is not queued by now left the tree. */
-	settle_move(w);
-	return count;
-}
-
-static void *watcher(void *arg)
-{
-	struct plocal_watch *w = arg;
-	struct pollfd pfd[2] = {
-		{.fd = w->ifd, .events = POLLIN},
-		{.fd = w->efd, .events = POLLIN},
-	};
-
-	bool busy = false;
-
-	for (;;) {
-		uint64_t gen = 0, v;
-		bool stop;
-		long n;
-
-		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
-			break;
-		if (busy && !(pfd[1].revents & POLLIN)) {
-			/*
-			 * In a burst, let events accumulate so that inotify
-			 * merges repeated ones (a large write becomes a few
-			 * events, not thousands).  Isolated changes are
-			 * handled at once; a barrier request cuts the wait.
-			 */
-			poll(&pfd[1], 1, COALESCE_MS);
-		}
-		if (pfd[1].revents & POLLIN) {
-			if (read(w->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-				break;
-		}
-		pthread_mutex_lock(&w->lock);
-		gen = w->req_gen;
-		stop = w->stop;
-		pthread_mutex_unlock(&w->lock);
-		if (stop)
-			break;
-		n = drain(w);
-		busy = n >= BURST_EVENTS;
-		if (n < 0) {
-			emit(w, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
-			break;
-		}
+	case SBX_FSWATCH_BATCH:
 		emit_deferred(w);
-		pthread_mutex_lock(&w->lock);
-		if (gen > w->done_gen) {
-			w->done_gen = gen;
-			pthread_cond_broadcast(&w->cond);
+		return;
+	case SBX_FSWATCH_ENTRY:
+		/* Entries found by a scan (mask 0) were nobody's call. */
+		if (!ev->mask || !expect_consume(w, ev->dir_dev, ev->dir_ino,
+						 ev->name, ev->mask))
+			emit(w, SBX_CHANGE_ENTRY, ev->dir_dev, ev->dir_ino,
+			     ev->name, 0, 0);
+		return;
+	case SBX_FSWATCH_DATA:
+	case SBX_FSWATCH_ATTR:
+		if (!ev->name) {
+			/* The watched directory itself. */
+			emit(w, SBX_CHANGE_ATTR, 0, 0, NULL, ev->dir_dev,
+			     ev->dir_ino);
+			return;
 		}
-		pthread_mutex_unlock(&w->lock);
+		/* The object's identity: gone again, nothing to say. */
+		path = sbx_xasprintf("%s/%s", w->root, ev->path);
+		if (lstat(path, &st) == 0)
+			emit(w, ev->kind == SBX_FSWATCH_DATA ? SBX_CHANGE_DATA
+							     : SBX_CHANGE_ATTR,
+			     ev->dir_dev, ev->dir_ino, ev->name, st.st_dev,
+			     st.st_ino);
+		free(path);
+		return;
+	default:
+		return;
 	}
-	/* Wake barrier waiters: they must not hang on a dead watcher. */
-	pthread_mutex_lock(&w->lock);
-	w->stop = true;
-	pthread_cond_broadcast(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-	return NULL;
 }
 
 static void watch_free(struct plocal_watch *w)
 {
 	if (!w)
 		return;
-	for (size_t i = 0; i < w->nwds; i++)
-		drop_wd(w, (int)i);
-	free(w->wds);
+	/* First: joins the thread, the only other user of the lists. */
+	sbx_fswatch_free(w->fw);
 	while (w->expect) {
 		struct plocal_expect *e = w->expect;
 
@@ -552,13 +268,7 @@ static void watch_free(struct plocal_watch *w)
 		w->deferred = d->next;
 		free(d);
 	}
-	free(w->move_path);
-	if (w->ifd >= 0)
-		close(w->ifd);
-	if (w->efd >= 0)
-		close(w->efd);
 	pthread_mutex_destroy(&w->lock);
-	pthread_cond_destroy(&w->cond);
 	free(w);
 }
 
@@ -573,82 +283,40 @@ int plocal_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
 		return sbx_error_set(SBX_ERR_INTERNAL, -EBUSY,
 				     "change stream already started");
 	w = sbx_xcalloc(1, sizeof(*w));
+	w->root = s->root_path;
 	w->cb = cb;
 	w->payload = payload;
-	w->efd = -1;
 	pthread_mutex_init(&w->lock, NULL);
-	pthread_cond_init(&w->cond, NULL);
-	w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	if (w->ifd < 0) {
-		rc = sbx_error_os("inotify_init1");
-		goto fail;
-	}
-	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (w->efd < 0) {
-		rc = sbx_error_os("eventfd");
-		goto fail;
-	}
-	rc = add_tree(w, s->root_path, false);
-	if (rc < 0)
-		goto fail;
-	rc = -pthread_create(&w->thread, NULL, watcher, w);
+	rc = sbx_fswatch_new_flags(&w->fw, s->root_path, SBX_FSWATCH_F_BATCH,
+				   on_event, w);
 	if (rc < 0) {
-		rc = sbx_error_set(SBX_ERR_OS, rc, "cannot start watcher");
-		goto fail;
+		watch_free(w);
+		return rc;
 	}
 	s->watch = w;
 	return 0;
-fail:
-	watch_free(w);
-	return rc;
 }
 
 int plocal_watch_sync(struct sbx_sandbox *sb)
 {
 	struct plocal_watch *w = ((struct plocal_sandbox *)sb)->watch;
-	struct timespec deadline;
-	uint64_t one = 1, gen;
-	int rc = 0;
 
 	if (!w)
 		return sbx_error_set(SBX_ERR_INTERNAL, -ENOSYS,
 				     "no change stream");
-	clock_gettime(CLOCK_REALTIME, &deadline);
-	deadline.tv_sec += SYNC_TIMEOUT_SEC;
-	pthread_mutex_lock(&w->lock);
-	gen = ++w->req_gen;
-	if (write(w->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		rc = sbx_error_os("wake watcher");
-	while (rc == 0 && w->done_gen < gen && !w->stop) {
-		int e = pthread_cond_timedwait(&w->cond, &w->lock, &deadline);
-
-		if (e == ETIMEDOUT)
-			rc = sbx_error_set(SBX_ERR_INTERNAL, -ETIMEDOUT,
-					   "change stream did not catch up "
-					   "within %d s", SYNC_TIMEOUT_SEC);
-	}
-	if (rc == 0 && w->done_gen < gen)
-		rc = sbx_error_set(SBX_ERR_INTERNAL, -EIO,
-				   "change stream stopped");
-	pthread_mutex_unlock(&w->lock);
-	return rc;
+	return sbx_fswatch_sync(w->fw, SYNC_TIMEOUT_MS);
 }
 
 void plocal_watch_stop(struct sbx_sandbox *sb)
 {
 	struct plocal_sandbox *s = (struct plocal_sandbox *)sb;
 	struct plocal_watch *w = s->watch;
-	uint64_t one = 1;
 
 	if (!w)
 		return;
-	pthread_mutex_lock(&w->lock);
-	w->stop = true;
-	pthread_mutex_unlock(&w->lock);
-	if (write(w->efd, &one, sizeof(one)) < 0) {
-		/* The counter is far from overflowing; nothing to do. */
-	}
-	pthread_join(w->thread, NULL);
+	/* Stop the thread before anyone sees s->watch go. */
+	sbx_fswatch_free(w->fw);
+	w->fw = NULL;
 	s->watch = NULL;
 	watch_free(w);
 }

@@ -33,6 +33,7 @@
 #include "sbx/xmalloc.h"
 
 #include "mgrpc.h"
+#include "mgrpc_i.h"
 
 struct mgrpc {
 	char *url;                 /* no trailing '/' */
@@ -170,7 +171,7 @@ void mgrpc_free(struct mgrpc *c)
 
 /* ---- errors --------------------------------------------------------------- */
 
-static int errno_from_code(int code)
+int mgrpc_errno_from_code(int code)
 {
 	switch (code) {
 	case MGRPC_OK:
@@ -195,7 +196,7 @@ static int errno_from_code(int code)
 	}
 }
 
-static int class_from_code(int code)
+int mgrpc_class_from_code(int code)
 {
 	switch (code) {
 	case MGRPC_NOT_FOUND:
@@ -208,7 +209,7 @@ static int class_from_code(int code)
 	}
 }
 
-static bool code_is_retryable(int code)
+bool mgrpc_code_is_retryable(int code)
 {
 	return code == MGRPC_DEADLINE_EXCEEDED || code == MGRPC_UNAVAILABLE ||
 	       code == MGRPC_CANCELLED || code == MGRPC_INTERNAL ||
@@ -225,7 +226,7 @@ static bool curl_is_retryable(CURLcode res)
 
 /* The gRPC code a proxy's HTTP status stands for (gRPC's
  * http-grpc-status-mapping.md). */
-static int code_from_http(long status)
+int mgrpc_code_from_http(long status)
 {
 	switch (status) {
 	case 400:
@@ -270,24 +271,6 @@ struct xfer {
 	bool cb_stopped;       /* stop_rc is the callback's value */
 };
 
-/* Case-insensitive "name:" prefix; the trimmed value and its length. */
-static const char *header_value(const char *line, size_t n, const char *name,
-				size_t *vlen)
-{
-	size_t l = strlen(name);
-	const char *v, *end = line + n;
-
-	if (n <= l || strncasecmp(line, name, l) || line[l] != ':')
-		return NULL;
-	v = line + l + 1;
-	while (v < end && (*v == ' ' || *v == '\t'))
-		v++;
-	while (end > v && isspace((unsigned char)end[-1]))
-		end--;
-	*vlen = (size_t)(end - v);
-	return v;
-}
-
 static int hexval(char ch)
 {
 	if (ch >= '0' && ch <= '9')
@@ -299,7 +282,7 @@ static int hexval(char ch)
 }
 
 /* grpc-message is percent-encoded UTF-8; invalid escapes are kept. */
-static char *percent_decode(const char *s, size_t n)
+char *mgrpc_percent_decode(const char *s, size_t n)
 {
 	char *out = sbx_xmalloc(n + 1), *o = out;
 
@@ -331,7 +314,7 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *userp)
 		x->grpc_message = NULL;
 		return n;
 	}
-	if ((v = header_value(line, n, "grpc-status", &vl))) {
+	if ((v = sbx_http_header_value(line, n, "grpc-status", &vl))) {
 		char tmp[16];
 
 		if (vl && vl < sizeof(tmp)) {
@@ -340,9 +323,10 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *userp)
 			x->grpc_status = (int)strtol(tmp, NULL, 10);
 			x->have_status = true;
 		}
-	} else if ((v = header_value(line, n, "grpc-message", &vl))) {
+	} else if ((v = sbx_http_header_value(line, n, "grpc-message",
+					      &vl))) {
 		free(x->grpc_message);
-		x->grpc_message = percent_decode(v, vl);
+		x->grpc_message = mgrpc_percent_decode(v, vl);
 	}
 	return n;
 }
@@ -389,6 +373,60 @@ static int deliver(struct xfer *x, const uint8_t *data, size_t len)
 	return 0;
 }
 
+int mgrpc_frame_next(const uint8_t *buf, size_t len, size_t *msg_len)
+{
+	uint32_t mlen;
+
+	*msg_len = 0;
+	if (len < 5)
+		return 0;
+	mlen = (uint32_t)buf[1] << 24 | (uint32_t)buf[2] << 16 |
+	       (uint32_t)buf[3] << 8 | buf[4];
+	*msg_len = mlen;
+	if (buf[0])
+		return -EPROTO; /* compressed (flag 1) or unknown flags */
+	if (mlen > MGRPC_MAX_MESSAGE)
+		return -EMSGSIZE;
+	return len - 5 < mlen ? 0 : 1;
+}
+
+uint8_t *mgrpc_frame(const ProtobufCMessage *msg, size_t *len_out)
+{
+	size_t len = protobuf_c_message_get_packed_size(msg);
+	uint8_t *body = sbx_xmalloc(5 + len);
+
+	body[0] = 0;
+	body[1] = (uint8_t)(len >> 24);
+	body[2] = (uint8_t)(len >> 16);
+	body[3] = (uint8_t)(len >> 8);
+	body[4] = (uint8_t)len;
+	protobuf_c_message_pack(msg, body + 5);
+	*len_out = 5 + len;
+	return body;
+}
+
+long mgrpc_deadline_ms(const struct mgrpc_call *call)
+{
+	return call && call->deadline_ms > 0 ? call->deadline_ms
+					     : MGRPC_DEFAULT_DEADLINE_MS;
+}
+
+void mgrpc_timeout_header(char *out, size_t size, long deadline_ms)
+{
+	/* grpc-timeout takes at most 8 digits. */
+	snprintf(out, size, "grpc-timeout: %ldm",
+		 deadline_ms > 99999999 ? 99999999 : deadline_ms);
+}
+
+long mgrpc_retry_delay_ms(int attempt)
+{
+	long d = MGRPC_RETRY_BASE_MS;
+
+	for (int i = 0; i < attempt && d < MGRPC_RETRY_MAX_MS; i++)
+		d *= 2;
+	return d > MGRPC_RETRY_MAX_MS ? MGRPC_RETRY_MAX_MS : d;
+}
+
 static size_t on_body(char *data, size_t size, size_t nmemb, void *userp)
 {
 	struct xfer *x = userp;
@@ -411,34 +449,32 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *userp)
 	memcpy(x->buf + x->len, data, n);
 	x->len += n;
 
-	while (x->len - off >= 5) {
+	for (;;) {
 		const uint8_t *f = x->buf + off;
-		uint32_t mlen = (uint32_t)f[1] << 24 | (uint32_t)f[2] << 16 |
-				(uint32_t)f[3] << 8 | f[4];
+		size_t mlen;
+		int fr = mgrpc_frame_next(f, x->len - off, &mlen);
 
-		if (f[0] & 1) {
-			proto_error(x, "the server sent a compressed message; "
-				       "compression is not supported (none "
-				       "was offered)");
+		if (fr == 0)
+			break;
+		if (fr == -EPROTO) {
+			proto_error(x, f[0] & 1
+					       ? "the server sent a compressed "
+						 "message; compression is not "
+						 "supported (none was offered)"
+					       : "bad frame flags");
 			return 0;
 		}
-		if (f[0]) {
-			proto_error(x, "bad frame flags");
-			return 0;
-		}
-		if (mlen > MGRPC_MAX_MESSAGE) {
+		if (fr == -EMSGSIZE) {
 			x->stop_rc = sbx_error_set(
 				SBX_ERR_PROTO, -EMSGSIZE,
-				"modal gRPC %s: answer message of %u bytes "
+				"modal gRPC %s: answer message of %zu bytes "
 				"exceeds the %u-byte limit", x->method, mlen,
 				MGRPC_MAX_MESSAGE);
 			return 0;
 		}
-		if (x->len - off - 5 < mlen)
-			break;
 		if (deliver(x, f + 5, mlen) < 0)
 			return 0;
-		off += 5 + (size_t)mlen;
+		off += 5 + mlen;
 	}
 	if (off) {
 		memmove(x->buf, x->buf + off, x->len - off);
@@ -509,8 +545,7 @@ static int attempt_once(struct mgrpc *c, const char *method,
 
 	hdrs = add_header(hdrs, "content-type: application/grpc");
 	hdrs = add_header(hdrs, "te: trailers");
-	snprintf(tmp, sizeof(tmp), "grpc-timeout: %ldm",
-		 a->deadline_ms > 99999999 ? 99999999 : a->deadline_ms);
+	mgrpc_timeout_header(tmp, sizeof(tmp), a->deadline_ms);
 	hdrs = add_header(hdrs, tmp);
 	hdrs = add_header(hdrs, "Expect:");
 	hdrs = add_header(hdrs, "Accept:");
@@ -582,12 +617,12 @@ static int attempt_once(struct mgrpc *c, const char *method,
 		goto out;
 	}
 	if (!x.have_status && http != 200) {
-		int code = code_from_http(http);
+		int code = mgrpc_code_from_http(http);
 
 		last_status = code;
-		a->retryable = code_is_retryable(code);
-		rc = sbx_error_setd(class_from_code(code),
-				    errno_from_code(code), code,
+		a->retryable = mgrpc_code_is_retryable(code);
+		rc = sbx_error_setd(mgrpc_class_from_code(code),
+				    mgrpc_errno_from_code(code), code,
 				    "modal gRPC %s at %s: %s: HTTP %ld without "
 				    "grpc-status (not a gRPC server, or a "
 				    "proxy's error)", method, c->url,
@@ -607,14 +642,14 @@ static int attempt_once(struct mgrpc *c, const char *method,
 		int code = x.grpc_status;
 
 		last_status = code;
-		a->retryable = code_is_retryable(code);
+		a->retryable = mgrpc_code_is_retryable(code);
 		rc = sbx_error_setd(
-			class_from_code(code), errno_from_code(code), code,
+			mgrpc_class_from_code(code), mgrpc_errno_from_code(code), code,
 			"modal gRPC %s: %s: %s%s", method,
 			mgrpc_code_name(code),
 			x.grpc_message && *x.grpc_message ? x.grpc_message
 							  : "(no message)",
-			errno_from_code(code) == -EACCES
+			mgrpc_errno_from_code(code) == -EACCES
 				? "; check MODAL_TOKEN_ID/MODAL_TOKEN_SECRET "
 				  "or the profile in ~/.modal.toml (`modal "
 				  "token new` creates one)"
@@ -670,7 +705,6 @@ static int do_call(struct mgrpc *c, const char *method,
 	char key[37];
 	uint8_t *body;
 	size_t len;
-	long delay = MGRPC_RETRY_BASE_MS;
 	int rc;
 
 	last_status = 0;
@@ -689,18 +723,9 @@ static int do_call(struct mgrpc *c, const char *method,
 				     "modal gRPC %s: request of %zu bytes "
 				     "exceeds the %u-byte limit", method, len,
 				     MGRPC_MAX_MESSAGE);
-	body = sbx_xmalloc(5 + len);
-	body[0] = 0;
-	body[1] = (uint8_t)(len >> 24);
-	body[2] = (uint8_t)(len >> 16);
-	body[3] = (uint8_t)(len >> 8);
-	body[4] = (uint8_t)len;
-	protobuf_c_message_pack(req, body + 5);
-
+	body = mgrpc_frame(req, &a.body_len);
 	a.body = body;
-	a.body_len = 5 + len;
-	a.deadline_ms = call->deadline_ms > 0 ? call->deadline_ms
-					      : MGRPC_DEFAULT_DEADLINE_MS;
+	a.deadline_ms = mgrpc_deadline_ms(call);
 	if (call->retry) {
 		uuid4(key);
 		a.idem_key = key;
@@ -712,9 +737,7 @@ static int do_call(struct mgrpc *c, const char *method,
 		if (!rc || !call->retry || !a.retryable || a.delivered ||
 		    a.n == MGRPC_MAX_RETRIES)
 			break;
-		sleep_ms(delay);
-		delay = delay * 2 > MGRPC_RETRY_MAX_MS ? MGRPC_RETRY_MAX_MS
-						       : delay * 2;
+		sleep_ms(mgrpc_retry_delay_ms(a.n));
 	}
 	if (rc < 0 && call->attempts > 1 && !a.stopped)
 		rc = sbx_error_prefix(rc, "after %d attempts", call->attempts);

@@ -25,6 +25,7 @@
 #include "sbx/token.h"
 #include "sbx/xmalloc.h"
 
+#include "../backends.h"
 #include "premote_i.h"
 
 struct premote_provider {
@@ -230,6 +231,23 @@ int premote_info_parse(struct premote_info *out, const cJSON *j)
 /* ---- probe ---------------------------------------------------------------- */
 
 /*
+ * Reword the transport error just set ("GET URL: <curl message>") as
+ * "cannot reach sbx-agent at URL: <curl message>; is it running?",
+ * keeping its errno and detail.
+ */
+static int unreachable(int rc, const struct premote_config *cfg)
+{
+	const struct sbx_error *e = sbx_error_last();
+	char msg[sizeof(e->msg)];
+	const char *m = strstr(e->msg, ": ");
+
+	snprintf(msg, sizeof(msg), "%s", m ? m + 2 : e->msg);
+	return sbx_error_setd(SBX_ERR_HTTP, rc, e->detail,
+			      "cannot reach sbx-agent at %s: %s; is it "
+			      "running?", cfg->url, msg);
+}
+
+/*
  * Reach the agent: token, health, info.  On success *http_out and *info
  * belong to the caller.  Every failure says what to do.
  */
@@ -278,14 +296,7 @@ int premote_probe(const struct premote_config *cfg,
 	    rc != -EIO && premote_errno_is_transport(rc)) {
 		/* Nobody there (or nobody answering): asking again for
 		 * /v1/health would only wait as long once more. */
-		const struct sbx_error *e = sbx_error_last();
-		char msg[sizeof(e->msg)];
-		const char *m = strstr(e->msg, ": ");
-
-		snprintf(msg, sizeof(msg), "%s", m ? m + 2 : e->msg);
-		rc = sbx_error_setd(SBX_ERR_HTTP, rc, e->detail,
-				    "cannot reach sbx-agent at %s: %s; is it "
-				    "running?", cfg->url, msg);
+		rc = unreachable(rc, cfg);
 		goto out;
 	}
 	cJSON_Delete(j);
@@ -298,15 +309,8 @@ int premote_probe(const struct premote_config *cfg,
 		const struct sbx_error *e = sbx_error_last();
 
 		if (e->klass == SBX_ERR_HTTP && !resp.status &&
-		    strncmp(e->msg, "cannot reach", 12)) {
-			char msg[sizeof(e->msg)];
-			const char *m = strstr(e->msg, ": ");
-
-			snprintf(msg, sizeof(msg), "%s", m ? m + 2 : e->msg);
-			rc = sbx_error_setd(SBX_ERR_HTTP, rc, e->detail,
-					    "cannot reach sbx-agent at %s: %s; "
-					    "is it running?", cfg->url, msg);
-		}
+		    strncmp(e->msg, "cannot reach", 12))
+			rc = unreachable(rc, cfg);
 		goto out;
 	}
 	j = cJSON_ParseWithLength(sbx_buf_ptr(&resp.body),
@@ -362,6 +366,35 @@ out:
 	premote_resp_fini(&resp);
 	premote_http_free(h);
 	return rc;
+}
+
+int premote_agent_ping(const struct premote_config *cfg)
+{
+	struct premote_http *h = NULL;
+	struct premote_info info;
+	int rc = premote_probe(cfg, &h, &info);
+
+	if (rc == 0) {
+		premote_info_fini(&info);
+		premote_http_free(h);
+	}
+	return rc;
+}
+
+int premote_sandbox_connect(struct sbx_sandbox **out, const char *session,
+			    struct premote_config *cfg)
+{
+	struct premote_http *h = NULL;
+	struct premote_info info;
+	int rc;
+
+	*out = NULL;
+	rc = premote_probe(cfg, &h, &info);
+	if (rc < 0) {
+		premote_config_fini(cfg);
+		return rc;
+	}
+	return premote_sandbox_open(out, session, cfg, h, &info);
 }
 
 static void fill_info(struct sbx_sandbox_info *out, const char *session,
@@ -477,23 +510,15 @@ static int premote_restore(struct sbx_provider *p, const char *session,
 static int premote_open(struct sbx_provider *p, const char *session,
 			struct sbx_sandbox **out)
 {
-	struct premote_http *h = NULL;
-	struct premote_info info;
 	struct premote_config cfg;
 	int rc;
 
 	*out = NULL;
-	rc = premote_probe(&RP(p)->cfg, &h, &info);
-	if (rc < 0)
-		return rc;
 	/* The sandbox gets its own copy of the configuration. */
 	rc = premote_config_parse(&cfg, p->config);
-	if (rc < 0) {
-		premote_info_fini(&info);
-		premote_http_free(h);
+	if (rc < 0)
 		return rc;
-	}
-	return premote_sandbox_open(out, session, &cfg, h, &info);
+	return premote_sandbox_connect(out, session, &cfg);
 }
 
 static void premote_free(struct sbx_provider *p)
@@ -506,16 +531,7 @@ static void premote_free(struct sbx_provider *p)
 }
 
 static const struct sbx_provider_ops premote_ops = {
-	.version = SBX_PROVIDER_OPS_VERSION,
-	.name = "remote",
-	.create = premote_create,
-	.get = premote_get,
-	.list = premote_list,
-	.terminate = premote_terminate,
-	.snapshot = premote_snapshot,
-	.snapshots = premote_snapshots,
-	.restore = premote_restore,
-	.open = premote_open,
+	PBACKEND_OPS(premote, "remote"),
 	.free = premote_free,
 };
 
@@ -523,19 +539,13 @@ int premote_provider_new(struct sbx_provider **out, const cJSON *config)
 {
 	struct premote_provider *rp;
 	struct premote_config cfg;
-	cJSON *conf;
 	int rc;
 
 	*out = NULL;
 	rc = premote_config_parse(&cfg, config);
 	if (rc < 0)
 		return rc;
-	conf = config ? cJSON_Duplicate(config, 1) : cJSON_CreateObject();
-	if (!conf)
-		abort(); /* out of memory, as sbx_xmalloc */
-	rp = sbx_xcalloc(1, sizeof(*rp));
-	rp->base.ops = &premote_ops;
-	rp->base.config = conf;
+	rp = pbackend_new(sizeof(*rp), &premote_ops, config);
 	rp->cfg = cfg;
 	*out = &rp->base;
 	return 0;

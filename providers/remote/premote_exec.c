@@ -46,9 +46,12 @@
 
 #include <cjson/cJSON.h>
 
+#include "sbx/clock.h"
 #include "sbx/exec.h"
 #include "sbx/json.h"
 #include "sbx/log.h"
+#include "sbx/proto_exec.h"
+#include "sbx/waitfd.h"
 #include "sbx/xmalloc.h"
 
 #include "premote_i.h"
@@ -92,55 +95,21 @@ struct rexec {
 	int exit_status;
 };
 
-static struct timespec deadline_in(long ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	return ts;
-}
-
 static bool canceled(const struct rexec *x)
 {
-	struct pollfd p = { .fd = x->cancel_fd, .events = POLLIN };
-
-	return poll(&p, 1, 0) > 0;
+	return sbx_waitfd(-1, 0, x->cancel_fd, 0, NULL) == SBX_WAITFD_WOKEN;
 }
 
 /* Sleep `ms` unless cancelled first; false when cancelled. */
 static bool nap(const struct rexec *x, long ms)
 {
-	struct pollfd p = { .fd = x->cancel_fd, .events = POLLIN };
-
-	return poll(&p, 1, (int)ms) == 0;
+	return sbx_waitfd(-1, 0, x->cancel_fd, (int)ms, NULL) ==
+	       SBX_WAITFD_TIMEOUT;
 }
 
 int premote_exit_status(const cJSON *exit_obj, int *status)
 {
-	const cJSON *code = cJSON_GetObjectItemCaseSensitive(exit_obj, "code");
-	const cJSON *sig = cJSON_GetObjectItemCaseSensitive(exit_obj,
-							   "signal");
-
-	*status = 0;
-	if (!cJSON_IsObject(exit_obj) || !cJSON_IsNumber(code))
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "exec: malformed \"exit\" object");
-	if (cJSON_IsNumber(sig) && sig->valuedouble > 0 &&
-	    sig->valuedouble < 128) {
-		*status = (int)sig->valuedouble & 0x7f;
-		return 0;
-	}
-	if (code->valuedouble < 0 || code->valuedouble > 255)
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "exec: exit code out of range");
-	*status = ((int)code->valuedouble & 0xff) << 8;
-	return 0;
+	return sbx_exec_exit_decode(exit_obj, status);
 }
 
 /* Write all of buf to our end of a socket; drops it when cancelled. */
@@ -159,15 +128,11 @@ static void put(struct rexec *x, int fd, const void *buf, size_t len)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && errno == EAGAIN) {
-			struct pollfd pf[2] = {
-				{ .fd = fd, .events = POLLOUT },
-				{ .fd = x->cancel_fd, .events = POLLIN },
-			};
-
-			if (poll(pf, 2, -1) < 0 && errno != EINTR)
-				return;
-			if (pf[1].revents)
-				return;
+			if (sbx_waitfd(fd, POLLOUT, x->cancel_fd, -1, NULL) !=
+			    SBX_WAITFD_READY) {
+				sbx_error_clear();
+				return; /* cancelled (or poll failed) */
+			}
 			continue;
 		}
 		return; /* EPIPE: the daemon let go of the output */
@@ -195,57 +160,43 @@ static int on_output(const cJSON *hdr, const void *data, size_t len,
 		     void *payload)
 {
 	struct rexec *x = payload;
-	const cJSON *seq = cJSON_GetObjectItemCaseSensitive(hdr, "seq");
-	const cJSON *ex = cJSON_GetObjectItemCaseSensitive(hdr, "exit");
-	const char *id = sbx_json_str(hdr, "id");
-	const char *stream = sbx_json_str(hdr, "stream");
-	int rc;
+	struct sbx_exec_frame f;
+	int rc = sbx_exec_frame_decode(hdr, &f);
 
-	if (cJSON_GetObjectItemCaseSensitive(hdr, "lost")) {
+	if (rc < 0)
+		return rc;
+	switch (f.kind) {
+	case SBX_EXEC_FRAME_LOST:
 		/* Dropped by the agent before we came back for it. */
 		sbx_warn("exec %s: part of the output was lost while "
 			 "disconnected", x->id);
-		return 0;
-	}
-	if (id) {
+		break;
+	case SBX_EXEC_FRAME_STARTED:
 		pthread_mutex_lock(&x->lock);
 		if (!x->id)
-			x->id = sbx_xstrdup(id);
+			x->id = sbx_xstrdup(f.id);
 		if (x->state == ST_STARTING)
 			x->state = ST_RUNNING;
 		pthread_cond_broadcast(&x->cond);
 		pthread_mutex_unlock(&x->lock);
-		return 0;
-	}
-	if (stream) {
-		uint64_t n;
-
-		if (!cJSON_IsNumber(seq) || seq->valuedouble < 0)
-			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-					     "exec output: frame without "
-					     "\"seq\"");
-		n = (uint64_t)seq->valuedouble;
-		if (x->have_seq && n <= x->out_seq)
-			return 0; /* seen before the re-attach */
-		x->out_seq = n;
+		break;
+	case SBX_EXEC_FRAME_OUTPUT:
+		if (x->have_seq && f.seq <= x->out_seq)
+			break; /* seen before the re-attach */
+		x->out_seq = f.seq;
 		x->have_seq = true;
 		if (len)
-			put(x, !strcmp(stream, "stderr") && x->err_w >= 0
-				       ? x->err_w : x->out_w,
+			put(x, f.stream && x->err_w >= 0 ? x->err_w : x->out_w,
 			    data, len);
-		return 0;
-	}
-	if (ex) {
-		const cJSON *ws = cJSON_GetObjectItemCaseSensitive(hdr,
-								  "watch_seq");
-
-		rc = premote_exit_status(ex, &x->exit_status);
-		if (rc < 0)
-			return rc;
-		if (cJSON_IsNumber(ws) && ws->valuedouble >= 0)
-			premote_note_exec_seq(x->s,
-					      (uint64_t)ws->valuedouble);
+		break;
+	case SBX_EXEC_FRAME_EXIT:
+		x->exit_status = f.status;
+		if (f.has_watch_seq)
+			premote_note_exec_seq(x->s, f.watch_seq);
 		x->got_exit = true;
+		break;
+	default:
+		break;
 	}
 	return 0;
 }
@@ -307,20 +258,11 @@ static void finish(struct rexec *x, int status)
 	}
 }
 
-static long ms_since(const struct timespec *t0)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (now.tv_sec - t0->tv_sec) * 1000L +
-	       (now.tv_nsec - t0->tv_nsec) / 1000000L;
-}
-
 static void *output_thread(void *arg)
 {
 	struct rexec *x = arg;
 	long backoff = BACKOFF_MIN_MS;
-	struct timespec dropped;
+	long long dropped;
 	bool starting;
 	sigset_t all;
 	char msg[700];
@@ -340,7 +282,7 @@ static void *output_thread(void *arg)
 		set_failed(x, rc);
 		return NULL;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &dropped);
+	dropped = sbx_clock_mono_ms();
 	/* Without the exit record, re-attach; the end record alone may
 	 * be lost harmlessly. */
 	while (!x->got_exit) {
@@ -353,7 +295,8 @@ static void *output_thread(void *arg)
 		/* Only a lost connection (or a proxy's answer) is worth
 		 * another try; an unknown id means the agent restarted. */
 		if (!premote_errno_is_transport(rc) ||
-		    ms_since(&dropped) > premote_http_timeout_ms(x->s->http))
+		    sbx_clock_mono_ms() - dropped >
+			    premote_http_timeout_ms(x->s->http))
 			goto lost;
 		sbx_debug("exec %s: output stream dropped (%s); re-attaching",
 			  x->id, sbx_error_last()->msg);
@@ -403,6 +346,17 @@ static int post_ctl(struct rexec *x, const char *what, const char *query,
 	return rc;
 }
 
+/* POST a JSON control body (taken) to /v1/exec/ID/`what`. */
+static int post_json(struct rexec *x, const char *what, cJSON *body)
+{
+	char *text = sbx_json_print(body, false);
+	int rc = post_ctl(x, what, NULL, text, strlen(text), SBX_CT_JSON, 0);
+
+	free(text);
+	cJSON_Delete(body);
+	return rc;
+}
+
 static void *stdin_thread(void *arg)
 {
 	struct rexec *x = arg;
@@ -412,20 +366,11 @@ static void *stdin_thread(void *arg)
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
-	for (;;) {
-		struct pollfd p[2] = {
-			{ .fd = x->in_r, .events = POLLIN },
-			{ .fd = x->cancel_fd, .events = POLLIN },
-		};
+	/* Until cancelled (or poll itself fails). */
+	while (sbx_waitfd(x->in_r, POLLIN, x->cancel_fd, -1, NULL) ==
+	       SBX_WAITFD_READY) {
 		ssize_t n;
 
-		if (poll(p, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			break;
-		}
-		if (p[1].revents)
-			break;
 		n = read(x->in_r, buf, STDIN_CHUNK);
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
@@ -483,26 +428,18 @@ static int rx_close_stdin(struct sbx_exec_handle *h)
 static int rx_signal(struct sbx_exec_handle *h, int sig)
 {
 	struct rexec *x = (struct rexec *)h;
-	const char *name = sbx_proto_signal_name(sig);
 	cJSON *b;
-	char *text;
 	int rc;
 
 	if (has_exited(x))
 		return sbx_error_set(SBX_ERR_STATE, -ESRCH,
 				     "the command has exited");
-	if (!name)
+	b = sbx_exec_signal_encode(sig);
+	if (!b)
 		return sbx_error_set(SBX_ERR_OS, -EINVAL,
 				     "signal %d cannot be sent to a remote "
 				     "command", sig);
-	b = cJSON_CreateObject();
-	if (!b)
-		abort();
-	sbx_json_set_str(b, "signal", name);
-	text = sbx_json_print(b, false);
-	rc = post_ctl(x, "signal", NULL, text, strlen(text), SBX_CT_JSON, 0);
-	free(text);
-	cJSON_Delete(b);
+	rc = post_json(x, "signal", b);
 	if (rc < 0 && has_exited(x)) {
 		sbx_error_clear();
 		return sbx_error_set(SBX_ERR_STATE, -ESRCH,
@@ -515,23 +452,10 @@ static int rx_resize(struct sbx_exec_handle *h, unsigned short rows,
 		     unsigned short cols)
 {
 	struct rexec *x = (struct rexec *)h;
-	cJSON *b;
-	char *text;
-	int rc;
-
 	if (!x->tty)
 		return sbx_error_set(SBX_ERR_STATE, -ENOTTY,
 				     "resize: the command has no terminal");
-	b = cJSON_CreateObject();
-	if (!b)
-		abort();
-	cJSON_AddNumberToObject(b, "rows", rows);
-	cJSON_AddNumberToObject(b, "cols", cols);
-	text = sbx_json_print(b, false);
-	rc = post_ctl(x, "resize", NULL, text, strlen(text), SBX_CT_JSON, 0);
-	free(text);
-	cJSON_Delete(b);
-	return rc;
+	return post_json(x, "resize", sbx_exec_resize_encode(rows, cols));
 }
 
 static int rx_wait(struct sbx_exec_handle *h, int *status_out)
@@ -663,34 +587,22 @@ static int rel_cwd(char **out, const struct premote_sandbox *s,
 static char *start_body(const struct sbx_exec_request *req, const char *cwd,
 			const char *alias)
 {
-	cJSON *b = cJSON_CreateObject(), *argv = cJSON_CreateArray();
-	cJSON *env = cJSON_CreateArray();
-	char *text;
+	static const char *const no_env[] = { NULL };
+	struct sbx_exec_start_msg m = {
+		.argv = (const char **)req->argv,
+		.envp = (const char **)(req->envp ? req->envp : no_env),
+		.cwd = cwd,
+		.tty = req->tty,
+		.attach = true,
+		.rows = req->rows,
+		.cols = req->cols,
+		.umask = req->has_umask ? (int)(req->umask & 0777)
+					: SBX_EXEC_DEFAULT_UMASK,
+		.alias = alias,
+	};
+	cJSON *b = sbx_exec_start_encode(&m);
+	char *text = sbx_json_print(b, false);
 
-	if (!b || !argv || !env)
-		abort();
-	for (size_t i = 0; req->argv[i]; i++)
-		cJSON_AddItemToArray(argv, cJSON_CreateString(req->argv[i]));
-	for (size_t i = 0; req->envp && req->envp[i]; i++)
-		cJSON_AddItemToArray(env, cJSON_CreateString(req->envp[i]));
-	cJSON_AddItemToObject(b, "argv", argv);
-	sbx_json_set_str(b, "cwd", cwd);
-	cJSON_AddItemToObject(b, "env", env);
-	cJSON_AddBoolToObject(b, "tty", req->tty);
-	if (req->tty && req->rows && req->cols) {
-		cJSON_AddNumberToObject(b, "rows", req->rows);
-		cJSON_AddNumberToObject(b, "cols", req->cols);
-	}
-	cJSON_AddBoolToObject(b, "attach", true);
-	/* Older agents ignore it (their own umask applies). */
-	cJSON_AddNumberToObject(b, "umask",
-				req->has_umask ? req->umask & 0777
-					       : SBX_EXEC_DEFAULT_UMASK);
-	/* Path identity: the mount path resolves to the root for the
-	 * command (docs/protocol.md, "Exec"); older agents ignore it. */
-	if (alias)
-		sbx_json_set_str(b, "alias", alias);
-	text = sbx_json_print(b, false);
 	cJSON_Delete(b);
 	return text;
 }
@@ -810,7 +722,8 @@ int premote_exec_start(struct sbx_sandbox *sb,
 	x->out_started = true;
 
 	/* The first frame names the process; bounded by the timeout. */
-	until = deadline_in(premote_http_timeout_ms(s->http) + 1000);
+	until = sbx_clock_deadline(CLOCK_MONOTONIC,
+				   (int)premote_http_timeout_ms(s->http) + 1000);
 	pthread_mutex_lock(&x->lock);
 	while (x->state == ST_STARTING &&
 	       pthread_cond_timedwait(&x->cond, &x->lock, &until) != ETIMEDOUT)

@@ -5,51 +5,26 @@
  * (two where one FUSE operation needs two, e.g. rename of a node we must
  * re-stat).
  *
- * Nodes: see premote_i.h.  Two hash tables over the tracked nodes, one by
- * reported ino (so a remote file has one node and its path can follow
- * renames) and one by path (so the change stream's paths resolve to the
- * inode numbers the daemon knows).
+ * Nodes: see premote_i.h; the node table is premote_nodes.c, directories,
+ * xattrs and bulk reads premote_fs_dir.c (premote_fs_i.h joins them).
  */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/xattr.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/json.h"
+#include "sbx/proto_batch.h"
 #include "sbx/xmalloc.h"
 
-#include "premote_i.h"
-
-#define RSB(sb) PREMOTE_SB(sb)
-#define RNODE(n) ((struct premote_node *)(n))
-
-/* An open file: a reference on its node (so renames follow it). */
-struct premote_file {
-	struct premote_node *node;
-	int flags;
-	/* directories: the listing fetched at the first readdir */
-	pthread_mutex_t lock;
-	bool is_dir;
-	bool fetched, served;
-	cJSON *listing;          /* the answer ({"entries": [...]}) */
-	const cJSON **entries;   /* borrowed from listing */
-	size_t nentries;
-	struct stat dot;         /* attributes of the directory itself */
-};
-
-#define RFILE(f) ((struct premote_file *)(f))
+#include "premote_fs_i.h"
 
 /* Chunk size for writes (the agent takes at most 16 MiB per request). */
 #define WRITE_CHUNK ((size_t)SBX_PROTO_MAX_WRITE_BODY)
@@ -71,313 +46,11 @@ int premote_fs_errno(int rc)
 	}
 }
 
-/* ---- identities ----------------------------------------------------------- */
-
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	x ^= x >> 33;
-	return x;
-}
-
-void premote_fix_stat(const struct premote_sandbox *s, struct stat *st)
-{
-	uint64_t rdev = (uint64_t)st->st_dev, ino = (uint64_t)st->st_ino;
-
-	/* Another filesystem below the root (a mount inside the sandbox):
-	 * keep inode numbers apart from the root filesystem's. */
-	if (rdev != s->root_rdev)
-		ino = (ino ^ mix64(rdev)) | (1ull << 63);
-	st->st_ino = (ino_t)ino;
-	st->st_dev = s->dev;
-	if (!st->st_blksize)
-		st->st_blksize = 4096;
-}
-
-/* ---- node table ----------------------------------------------------------- */
-
-static size_t hash_ino(uint64_t ino, size_t n)
-{
-	return (size_t)(mix64(ino) & (n - 1));
-}
-
-static size_t hash_path(const char *p, size_t n)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-	for (; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
-	return (size_t)(mix64(h) & (n - 1));
-}
-
-/* Caller holds nodes_lock. */
-static void path_unlink_locked(struct premote_sandbox *s,
-			       struct premote_node *n)
-{
-	struct premote_node **pp = &s->by_path[hash_path(n->path,
-							 s->nbuckets)];
-
-	while (*pp && *pp != n)
-		pp = &(*pp)->path_next;
-	if (*pp)
-		*pp = n->path_next;
-	n->path_next = NULL;
-}
-
-/* Caller holds nodes_lock.  Newest first: a path lookup finds it. */
-static void path_link_locked(struct premote_sandbox *s, struct premote_node *n)
-{
-	size_t h = hash_path(n->path, s->nbuckets);
-
-	n->path_next = s->by_path[h];
-	s->by_path[h] = n;
-}
-
-static void grow_locked(struct premote_sandbox *s)
-{
-	size_t nb = s->nbuckets * 2;
-	struct premote_node **bi = sbx_xcalloc(nb, sizeof(*bi));
-	struct premote_node **bp = sbx_xcalloc(nb, sizeof(*bp));
-
-	for (size_t i = 0; i < s->nbuckets; i++) {
-		struct premote_node *n, *next;
-
-		for (n = s->by_ino[i]; n; n = next) {
-			size_t h = hash_ino(n->ino, nb);
-
-			next = n->ino_next;
-			n->ino_next = bi[h];
-			bi[h] = n;
-		}
-		for (n = s->by_path[i]; n; n = next) {
-			size_t h = hash_path(n->path, nb);
-
-			next = n->path_next;
-			n->path_next = bp[h];
-			bp[h] = n;
-		}
-	}
-	free(s->by_ino);
-	free(s->by_path);
-	s->by_ino = bi;
-	s->by_path = bp;
-	s->nbuckets = nb;
-}
-
-static bool under(const char *path, const char *prefix, size_t pl)
-{
-	return !strncmp(path, prefix, pl) &&
-	       (path[pl] == '\0' || path[pl] == '/' || pl == 0);
-}
-
-/*
- * Every tracked node at or below `from` now lives below `to` (and, with
- * `swap`, the other way round too).  O(nodes); renames are rare next to
- * lookups.  Caller holds nodes_lock.
- */
-static void move_locked(struct premote_sandbox *s, const char *from,
-			const char *to, bool swap)
-{
-	size_t fl = strlen(from), tl = strlen(to);
-	struct premote_node **moved = NULL;
-	size_t nmoved = 0, cap = 0;
-
-	if (!fl || !tl)
-		return; /* the root never moves */
-	for (size_t i = 0; i < s->nbuckets; i++) {
-		for (struct premote_node *n = s->by_path[i]; n;
-		     n = n->path_next) {
-			if (!under(n->path, from, fl) &&
-			    !(swap && under(n->path, to, tl)))
-				continue;
-			if (nmoved == cap) {
-				cap = cap ? cap * 2 : 16;
-				moved = sbx_xrealloc(moved,
-						     cap * sizeof(*moved));
-			}
-			moved[nmoved++] = n;
-		}
-	}
-	for (size_t i = 0; i < nmoved; i++) {
-		struct premote_node *n = moved[i];
-		char *np;
-
-		path_unlink_locked(s, n);
-		if (under(n->path, from, fl))
-			np = sbx_xasprintf("%s%s", to, n->path + fl);
-		else
-			np = sbx_xasprintf("%s%s", from, n->path + tl);
-		free(n->path);
-		n->path = np;
-		path_link_locked(s, n);
-	}
-	free(moved);
-}
-
-/*
- * A tracked node for the object with (fixed) attributes `st` found at
- * `path`: the known one (path updated) or a new one.  One reference.
- */
-static struct premote_node *node_get(struct premote_sandbox *s,
-				     const char *path, const struct stat *st)
-{
-	uint64_t ino = (uint64_t)st->st_ino;
-	struct premote_node *n;
-
-	if (ino == s->root.ino) {
-		/* The root under another name (a bind mount, "."): the root. */
-		return &s->root;
-	}
-	pthread_mutex_lock(&s->nodes_lock);
-	for (n = s->by_ino[hash_ino(ino, s->nbuckets)]; n; n = n->ino_next)
-		if (n->ino == ino)
-			break;
-	if (n) {
-		n->refs++;
-		if (strcmp(n->path, path)) {
-			if (n->dir) {
-				char *old = sbx_xstrdup(n->path);
-
-				/* Renamed behind our back: its subtree too. */
-				move_locked(s, old, path, false);
-				free(old);
-			} else {
-				/* A hard link, or a file renamed: last seen. */
-				path_unlink_locked(s, n);
-				free(n->path);
-				n->path = sbx_xstrdup(path);
-				path_link_locked(s, n);
-			}
-		}
-		n->dir = S_ISDIR(st->st_mode);
-		pthread_mutex_unlock(&s->nodes_lock);
-		return n;
-	}
-	n = sbx_xcalloc(1, sizeof(*n));
-	n->path = sbx_xstrdup(path);
-	n->ino = ino;
-	n->dir = S_ISDIR(st->st_mode);
-	n->hashed = true;
-	n->refs = 1;
-	if (s->count * 2 >= s->nbuckets)
-		grow_locked(s);
-	size_t h = hash_ino(ino, s->nbuckets);
-
-	n->ino_next = s->by_ino[h];
-	s->by_ino[h] = n;
-	path_link_locked(s, n);
-	s->count++;
-	pthread_mutex_unlock(&s->nodes_lock);
-	return n;
-}
-
-static void node_put(struct premote_sandbox *s, struct premote_node *n)
-{
-	bool gone = false;
-
-	if (!n || n == &s->root)
-		return;
-	pthread_mutex_lock(&s->nodes_lock);
-	if (--n->refs == 0) {
-		gone = true;
-		if (n->hashed) {
-			struct premote_node **pp =
-				&s->by_ino[hash_ino(n->ino, s->nbuckets)];
-
-			while (*pp != n)
-				pp = &(*pp)->ino_next;
-			*pp = n->ino_next;
-			path_unlink_locked(s, n);
-			s->count--;
-		}
-	}
-	pthread_mutex_unlock(&s->nodes_lock);
-	if (gone) {
-		free(n->path);
-		free(n);
-	}
-}
-
-static void node_ref(struct premote_sandbox *s, struct premote_node *n)
-{
-	if (n == &s->root)
-		return;
-	pthread_mutex_lock(&s->nodes_lock);
-	n->refs++;
-	pthread_mutex_unlock(&s->nodes_lock);
-}
-
-/* The node's current path (malloc'd). */
-static char *npath(struct premote_sandbox *s, struct sbx_node *node)
-{
-	struct premote_node *n = RNODE(node);
-	char *p;
-
-	if (n == &s->root)
-		return sbx_xstrdup("");
-	pthread_mutex_lock(&s->nodes_lock);
-	p = sbx_xstrdup(n->path);
-	pthread_mutex_unlock(&s->nodes_lock);
-	return p;
-}
-
-/* The path of `name` in directory `parent` (malloc'd). */
-static char *cpath(struct premote_sandbox *s, struct sbx_node *parent,
-		   const char *name)
-{
-	char *dir = npath(s, parent), *p;
-
-	if (!strcmp(name, ".")) {
-		return dir;
-	} else if (!strcmp(name, "..")) {
-		char *slash = strrchr(dir, '/');
-
-		if (slash)
-			*slash = '\0';
-		else
-			dir[0] = '\0'; /* ".." of the root is the root */
-		return dir;
-	}
-	p = sbx_proto_path_join(dir, name);
-	free(dir);
-	return p;
-}
-
-uint64_t premote_ino_at(struct premote_sandbox *s, const char *path)
-{
-	uint64_t ino = 0;
-
-	if (!*path)
-		return s->root.ino;
-	pthread_mutex_lock(&s->nodes_lock);
-	for (struct premote_node *n = s->by_path[hash_path(path, s->nbuckets)];
-	     n; n = n->path_next) {
-		if (!strcmp(n->path, path)) {
-			ino = n->ino;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&s->nodes_lock);
-	return ino;
-}
-
-void premote_note_exec_seq(struct premote_sandbox *s, uint64_t seq)
-{
-	pthread_mutex_lock(&s->seq_lock);
-	if (!s->exec_seq_set || seq > s->exec_seq)
-		s->exec_seq = seq;
-	s->exec_seq_set = true;
-	pthread_mutex_unlock(&s->seq_lock);
-}
-
 /* ---- request helpers ------------------------------------------------------ */
 
 /* A decoded, fixed stat from member `key` of `j`. */
-static int get_st(struct premote_sandbox *s, const cJSON *j, const char *key,
-		  struct stat *st)
+int premote_get_st(struct premote_sandbox *s, const cJSON *j, const char *key,
+		   struct stat *st)
 {
 	int rc = sbx_proto_stat_from_json(
 		cJSON_GetObjectItemCaseSensitive(j, key), st);
@@ -389,8 +62,8 @@ static int get_st(struct premote_sandbox *s, const cJSON *j, const char *key,
 }
 
 /* GET route?path=P and a JSON answer. */
-static int get_json(struct premote_sandbox *s, const char *route,
-		    const char *path, cJSON **out)
+int premote_get_json(struct premote_sandbox *s, const char *route,
+		     const char *path, cJSON **out)
 {
 	struct sbx_buf q;
 	int rc;
@@ -408,104 +81,70 @@ static int stat_path(struct premote_sandbox *s, const char *path,
 		     struct stat *st)
 {
 	cJSON *j = NULL;
-	int rc = get_json(s, "/v1/fs/stat", path, &j);
+	int rc = premote_get_json(s, "/v1/fs/stat", path, &j);
 
 	if (rc == 0)
-		rc = premote_fs_errno(get_st(s, j, "st", st));
+		rc = premote_fs_errno(premote_get_st(s, j, "st", st));
 	cJSON_Delete(j);
 	return rc;
 }
 
 /*
- * Run one batch op (taken).  On success *res (may be NULL) is its result
- * object, detached (caller deletes).  An op's own error comes back as its
- * errno with the agent's message.
+ * Run one batch op.  On success *res (may be NULL) is its result object
+ * (caller deletes).  An op's own error comes back as its errno with the
+ * agent's message.
  */
-static int batch1(struct premote_sandbox *s, cJSON *op, cJSON **res)
+int premote_batch1(struct premote_sandbox *s, const struct sbx_batch_op *op,
+		  cJSON **res)
 {
-	cJSON *req = cJSON_CreateObject(), *ops = cJSON_CreateArray();
-	cJSON *ans = NULL, *r;
-	const cJSON *results;
+	cJSON *req = sbx_batch_encode(op, 1, false), *ans = NULL, *r = NULL;
 	char ctx[300];
 	int rc;
 
 	if (res)
 		*res = NULL;
-	if (!req || !ops)
-		abort();
-	snprintf(ctx, sizeof(ctx), "%s %s",
-		 sbx_json_str(op, "op") ? sbx_json_str(op, "op") : "op",
-		 sbx_json_str(op, "path") ? sbx_json_str(op, "path") : "");
-	cJSON_AddItemToArray(ops, op);
-	cJSON_AddItemToObject(req, "ops", ops);
+	snprintf(ctx, sizeof(ctx), "%s %s", sbx_batch_kind_name(op->kind),
+		 op->path ? op->path : "");
 	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
 			       false, &ans);
-	if (rc < 0)
-		goto out;
-	results = cJSON_GetObjectItemCaseSensitive(ans, "results");
-	if (!cJSON_IsArray(results) || cJSON_GetArraySize(results) != 1 ||
-	    !cJSON_IsObject(cJSON_GetArrayItem(results, 0))) {
-		rc = sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				   "/v1/fs/batch (%s): expected one result",
-				   ctx);
-		goto out;
-	}
-	r = cJSON_DetachItemFromArray((cJSON *)results, 0);
-	rc = sbx_proto_error_from_json(r, ctx);
-	if (rc < 0) {
-		cJSON_Delete(r);
-		goto out;
-	}
-	if (res)
+	if (rc == 0)
+		rc = sbx_batch_result_take(ans, 1, 0, ctx, &r);
+	if (rc == 0 && res)
 		*res = r;
 	else
 		cJSON_Delete(r);
-out:
 	cJSON_Delete(ans);
 	cJSON_Delete(req);
 	return premote_fs_errno(rc);
 }
 
-static cJSON *new_op(const char *op, const char *path)
-{
-	cJSON *o = cJSON_CreateObject();
-
-	if (!o)
-		abort();
-	sbx_json_set_str(o, "op", op);
-	if (path)
-		sbx_json_set_str(o, "path", path);
-	return o;
-}
-
-static void op_num(cJSON *o, const char *key, double v)
-{
-	if (!cJSON_AddNumberToObject(o, key, v))
-		abort();
-}
-
-static void op_bool(cJSON *o, const char *key, bool v)
-{
-	if (!cJSON_AddBoolToObject(o, key, v))
-		abort();
-}
-
-/* Run an entry-creating op and hand out the node for `path`. */
-static int batch_entry(struct premote_sandbox *s, cJSON *op, const char *path,
-		       struct sbx_node **out, struct stat *st)
+/* Run an op whose result carries the object's "st" (stat `path` when an
+ * older agent left it out). */
+static int batch_st(struct premote_sandbox *s, const struct sbx_batch_op *op,
+		    const char *path, struct stat *st)
 {
 	cJSON *r = NULL;
-	int rc = batch1(s, op, &r);
+	int rc = premote_batch1(s, op, &r);
 
 	if (rc == 0) {
 		if (cJSON_GetObjectItemCaseSensitive(r, "st"))
-			rc = premote_fs_errno(get_st(s, r, "st", st));
+			rc = premote_fs_errno(premote_get_st(s, r, "st", st));
 		else
 			rc = stat_path(s, path, st);
 	}
 	cJSON_Delete(r);
+	return rc;
+}
+
+/* Run an entry-creating op and hand out the node for `path`. */
+static int batch_entry(struct premote_sandbox *s,
+		       const struct sbx_batch_op *op, const char *path,
+		       struct sbx_node **out, struct stat *st)
+{
+	int rc = batch_st(s, op, path, st);
+
 	if (rc == 0)
-		*out = (struct sbx_node *)node_get(s, path, st);
+		*out = (struct sbx_node *)premote_node_get(s, path, st);
 	return rc;
 }
 
@@ -520,20 +159,20 @@ static int r_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name, struct sbx_node **out, struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
+	char *path = premote_cpath(s, parent, name);
 	int rc;
 
 	*out = NULL;
 	rc = stat_path(s, path, st);
 	if (rc == 0)
-		*out = (struct sbx_node *)node_get(s, path, st);
+		*out = (struct sbx_node *)premote_node_get(s, path, st);
 	free(path);
 	return rc;
 }
 
 static void r_forget(struct sbx_sandbox *sb, struct sbx_node *node)
 {
-	node_put(RSB(sb), RNODE(node));
+	premote_node_put(RSB(sb), RNODE(node));
 }
 
 static int r_node_at(struct sbx_sandbox *sb, const char *path,
@@ -564,25 +203,24 @@ static int r_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
+	char *path = premote_npath(s, node);
 	int rc = stat_path(s, path, st);
 
 	free(path);
 	return rc;
 }
 
-static cJSON *time_json(bool now, const struct timespec *ts)
+/* A setattr time from the SBX_SET_* bits `now` and `set`. */
+static void op_time(int valid, int now, int set, const struct timespec *ts,
+		    int *how, long long *sec, long long *nsec)
 {
-	cJSON *a;
-
-	if (now)
-		return cJSON_CreateString("now");
-	a = cJSON_CreateArray();
-	if (!a)
-		abort();
-	cJSON_AddItemToArray(a, cJSON_CreateNumber((double)ts->tv_sec));
-	cJSON_AddItemToArray(a, cJSON_CreateNumber((double)ts->tv_nsec));
-	return a;
+	if (valid & now) {
+		*how = SBX_BATCH_TIME_NOW;
+	} else if (valid & set) {
+		*how = SBX_BATCH_TIME_SET;
+		*sec = (long long)ts->tv_sec;
+		*nsec = (long long)ts->tv_nsec;
+	}
 }
 
 static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
@@ -590,34 +228,21 @@ static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct stat *out)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
-	cJSON *op = new_op("setattr", path), *r = NULL;
+	char *path = premote_npath(s, node);
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_SETATTR, .path = path,
+		.has_mode = valid & SBX_SET_MODE, .mode = in->st_mode & 07777,
+		.has_uid = valid & SBX_SET_UID, .uid = in->st_uid,
+		.has_gid = valid & SBX_SET_GID, .gid = in->st_gid,
+		.has_size = valid & SBX_SET_SIZE, .size = in->st_size,
+	};
 	int rc;
 
-	if (valid & SBX_SET_MODE)
-		op_num(op, "mode", in->st_mode & 07777);
-	if (valid & SBX_SET_UID)
-		op_num(op, "uid", in->st_uid);
-	if (valid & SBX_SET_GID)
-		op_num(op, "gid", in->st_gid);
-	if (valid & SBX_SET_SIZE)
-		op_num(op, "size", (double)in->st_size);
-	if (valid & (SBX_SET_ATIME | SBX_SET_ATIME_NOW))
-		sbx_json_set_take(op, "atime",
-				  time_json(valid & SBX_SET_ATIME_NOW,
-					    &in->st_atim));
-	if (valid & (SBX_SET_MTIME | SBX_SET_MTIME_NOW))
-		sbx_json_set_take(op, "mtime",
-				  time_json(valid & SBX_SET_MTIME_NOW,
-					    &in->st_mtim));
-	rc = batch1(s, op, &r);
-	if (rc == 0) {
-		if (cJSON_GetObjectItemCaseSensitive(r, "st"))
-			rc = premote_fs_errno(get_st(s, r, "st", out));
-		else
-			rc = stat_path(s, path, out);
-	}
-	cJSON_Delete(r);
+	op_time(valid, SBX_SET_ATIME_NOW, SBX_SET_ATIME, &in->st_atim,
+		&op.atime_set, &op.atime_s, &op.atime_ns);
+	op_time(valid, SBX_SET_MTIME_NOW, SBX_SET_MTIME, &in->st_mtim,
+		&op.mtime_set, &op.mtime_s, &op.mtime_ns);
+	rc = batch_st(s, &op, path, out);
 	free(path);
 	return rc;
 }
@@ -626,13 +251,13 @@ static int r_readlink(struct sbx_sandbox *sb, struct sbx_node *node,
 		      char *buf, size_t size)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
+	char *path = premote_npath(s, node);
 	cJSON *j = NULL;
 	const char *t;
 	size_t n;
 	int rc;
 
-	rc = get_json(s, "/v1/fs/readlink", path, &j);
+	rc = premote_get_json(s, "/v1/fs/readlink", path, &j);
 	if (rc < 0)
 		goto out;
 	t = sbx_json_str(j, "target");
@@ -658,14 +283,24 @@ out:
  * sbx_caller).  The agent applies it when it runs as root and ignores it
  * otherwise (older agents ignore the fields).
  */
-static void op_owner(cJSON *op)
+static void op_owner(struct sbx_batch_op *op)
 {
 	const struct sbx_caller *c = sbx_caller_get();
 
 	if (!c)
 		return;
-	op_num(op, "uid", c->uid);
-	op_num(op, "gid", c->gid);
+	op->has_uid = op->has_gid = true;
+	op->uid = c->uid;
+	op->gid = c->gid;
+}
+
+/* mknod, mkdir, symlink, create: `op` names the new object's path. */
+static int make_entry(struct premote_sandbox *s, struct sbx_batch_op *op,
+		      struct sbx_node **out, struct stat *st)
+{
+	*out = NULL;
+	op_owner(op);
+	return batch_entry(s, op, op->path, out, st);
 }
 
 static int r_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
@@ -673,16 +308,13 @@ static int r_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   struct sbx_node **out, struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
-	cJSON *op = new_op("mknod", path);
-	int rc;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_MKNOD, .path = premote_cpath(s, parent, name),
+		.has_mode = true, .mode = mode, .rdev = rdev,
+	};
+	int rc = make_entry(s, &op, out, st);
 
-	*out = NULL;
-	op_num(op, "mode", mode);
-	op_num(op, "rdev", (double)rdev);
-	op_owner(op);
-	rc = batch_entry(s, op, path, out, st);
-	free(path);
+	free(op.path);
 	return rc;
 }
 
@@ -691,15 +323,13 @@ static int r_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
-	cJSON *op = new_op("mkdir", path);
-	int rc;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_MKDIR, .path = premote_cpath(s, parent, name),
+		.has_mode = true, .mode = mode & 07777,
+	};
+	int rc = make_entry(s, &op, out, st);
 
-	*out = NULL;
-	op_num(op, "mode", mode & 07777);
-	op_owner(op);
-	rc = batch_entry(s, op, path, out, st);
-	free(path);
+	free(op.path);
 	return rc;
 }
 
@@ -708,15 +338,14 @@ static int r_symlink(struct sbx_sandbox *sb, const char *target,
 		     struct sbx_node **out, struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
-	cJSON *op = new_op("symlink", path);
-	int rc;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_SYMLINK,
+		.path = premote_cpath(s, parent, name),
+		.target = sbx_xstrdup(target),
+	};
+	int rc = make_entry(s, &op, out, st);
 
-	*out = NULL;
-	sbx_json_set_str(op, "target", target);
-	op_owner(op);
-	rc = batch_entry(s, op, path, out, st);
-	free(path);
+	sbx_batch_op_fini(&op);
 	return rc;
 }
 
@@ -725,39 +354,40 @@ static int r_link(struct sbx_sandbox *sb, struct sbx_node *node,
 		  struct sbx_node **out, struct stat *st)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node), *np = cpath(s, newparent, newname);
-	cJSON *op = new_op("link", path);
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_LINK, .path = premote_npath(s, node),
+		.newpath = premote_cpath(s, newparent, newname),
+	};
 	int rc;
 
 	*out = NULL;
-	sbx_json_set_str(op, "newpath", np);
-	rc = batch_entry(s, op, np, out, st);
-	free(np);
-	free(path);
+	rc = batch_entry(s, &op, op.newpath, out, st);
+	sbx_batch_op_fini(&op);
 	return rc;
 }
 
 static int remove_entry(struct sbx_sandbox *sb, struct sbx_node *parent,
-			const char *name, const char *what)
+			const char *name, int kind)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
-	int rc = batch1(s, new_op(what, path), NULL);
+	struct sbx_batch_op op = { .kind = kind,
+				   .path = premote_cpath(s, parent, name) };
+	int rc = premote_batch1(s, &op, NULL);
 
-	free(path);
+	sbx_batch_op_fini(&op);
 	return rc;
 }
 
 static int r_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name)
 {
-	return remove_entry(sb, parent, name, "unlink");
+	return remove_entry(sb, parent, name, SBX_BATCH_UNLINK);
 }
 
 static int r_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 		   const char *name)
 {
-	return remove_entry(sb, parent, name, "rmdir");
+	return remove_entry(sb, parent, name, SBX_BATCH_RMDIR);
 }
 
 static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
@@ -765,54 +395,48 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *newname, unsigned flags)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *from, *to;
-	cJSON *op;
+	struct sbx_batch_op op = { .kind = SBX_BATCH_RENAME };
 	int rc;
 
 	if (flags & ~(unsigned)(RENAME_EXCHANGE | RENAME_NOREPLACE))
 		return sbx_error_set(SBX_ERR_OS, -EINVAL,
 				     "rename %s: unsupported flags 0x%x", name,
 				     flags);
-	from = cpath(s, parent, name);
-	to = cpath(s, newparent, newname);
-	op = new_op("rename", from);
-	sbx_json_set_str(op, "newpath", to);
-	if (flags & RENAME_EXCHANGE)
-		sbx_json_set_str(op, "flags", "exchange");
-	else if (flags & RENAME_NOREPLACE)
-		sbx_json_set_str(op, "flags", "noreplace");
-	else
-		op_num(op, "flags", 0);
-	rc = batch1(s, op, NULL);
+	op.path = premote_cpath(s, parent, name);
+	op.newpath = premote_cpath(s, newparent, newname);
+	/* The wire carries one of the two: exchange wins. */
+	op.flags = (flags & RENAME_EXCHANGE) ? RENAME_EXCHANGE
+					     : flags & RENAME_NOREPLACE;
+	rc = premote_batch1(s, &op, NULL);
 	if (rc == 0) {
 		pthread_mutex_lock(&s->nodes_lock);
-		move_locked(s, from, to, flags & RENAME_EXCHANGE);
+		premote_move_locked(s, op.path, op.newpath,
+				    flags & RENAME_EXCHANGE);
 		pthread_mutex_unlock(&s->nodes_lock);
 	}
-	free(from);
-	free(to);
+	sbx_batch_op_fini(&op);
 	return rc;
 }
 
 /* ---- files ---------------------------------------------------------------- */
 
-static struct premote_file *file_new(struct premote_sandbox *s,
-				     struct premote_node *n, int flags)
+struct premote_file *premote_file_new(struct premote_sandbox *s,
+				      struct premote_node *n, int flags)
 {
 	struct premote_file *f = sbx_xcalloc(1, sizeof(*f));
 
-	node_ref(s, n);
+	premote_node_ref(s, n);
 	f->node = n;
 	f->flags = flags;
 	pthread_mutex_init(&f->lock, NULL);
 	return f;
 }
 
-static void file_free(struct premote_sandbox *s, struct premote_file *f)
+void premote_file_free(struct premote_sandbox *s, struct premote_file *f)
 {
 	if (!f)
 		return;
-	node_put(s, f->node);
+	premote_node_put(s, f->node);
 	cJSON_Delete(f->listing);
 	free(f->entries);
 	pthread_mutex_destroy(&f->lock);
@@ -839,7 +463,7 @@ static int r_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 		if (rc < 0)
 			return rc;
 	}
-	out->fh = (struct sbx_file *)file_new(s, RNODE(node), flags);
+	out->fh = (struct sbx_file *)premote_file_new(s, RNODE(node), flags);
 	return 0;
 }
 
@@ -849,21 +473,22 @@ static int r_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    struct sbx_open_result *out)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = cpath(s, parent, name);
-	cJSON *op = new_op("create", path);
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_CREATE,
+		.path = premote_cpath(s, parent, name),
+		.has_mode = true,
+		.mode = mode & 07777,
+		.excl = flags & O_EXCL,
+		.truncate = flags & O_TRUNC,
+	};
 	int rc;
 
-	*node_out = NULL;
 	memset(out, 0, sizeof(*out));
-	op_num(op, "mode", mode & 07777);
-	op_bool(op, "excl", flags & O_EXCL);
-	op_bool(op, "truncate", flags & O_TRUNC);
-	op_owner(op);
-	rc = batch_entry(s, op, path, node_out, st);
+	rc = make_entry(s, &op, node_out, st);
 	if (rc == 0)
-		out->fh = (struct sbx_file *)file_new(s, RNODE(*node_out),
-						      flags);
-	free(path);
+		out->fh = (struct sbx_file *)premote_file_new(
+			s, RNODE(*node_out), flags);
+	free(op.path);
 	return rc;
 }
 
@@ -871,7 +496,7 @@ static ssize_t r_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		      size_t size, off_t off)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, (struct sbx_node *)RFILE(fh)->node);
+	char *path = premote_npath(s, (struct sbx_node *)RFILE(fh)->node);
 	struct premote_req r = {
 		.method = "GET", .route = "/v1/fs/read", .idempotent = true,
 		.cancel_fd = -1, .out = buf, .out_cap = size,
@@ -958,7 +583,7 @@ static ssize_t r_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 
 	if (off < 0)
 		return sbx_error_set(SBX_ERR_OS, -EINVAL, "write: offset < 0");
-	path = npath(s, (struct sbx_node *)f->node);
+	path = premote_npath(s, (struct sbx_node *)f->node);
 	while (done < size) {
 		size_t len = size - done < WRITE_CHUNK ? size - done
 						       : WRITE_CHUNK;
@@ -986,27 +611,28 @@ static int r_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 	return 0; /* writes went out when they were made */
 }
 
-static int fsync_path(struct premote_sandbox *s, struct premote_node *n,
-		      bool datasync)
+int premote_fsync_path(struct premote_sandbox *s, struct premote_node *n,
+		       bool datasync)
 {
-	char *path = npath(s, (struct sbx_node *)n);
-	cJSON *op = new_op("fsync", path);
-	int rc;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_FSYNC,
+		.path = premote_npath(s, (struct sbx_node *)n),
+		.datasync = datasync,
+	};
+	int rc = premote_batch1(s, &op, NULL);
 
-	op_bool(op, "datasync", datasync);
-	rc = batch1(s, op, NULL);
-	free(path);
+	free(op.path);
 	return rc;
 }
 
 static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 {
-	return fsync_path(RSB(sb), RFILE(fh)->node, datasync);
+	return premote_fsync_path(RSB(sb), RFILE(fh)->node, datasync);
 }
 
 static int r_release(struct sbx_sandbox *sb, struct sbx_file *fh)
 {
-	file_free(RSB(sb), RFILE(fh));
+	premote_file_free(RSB(sb), RFILE(fh));
 	return 0;
 }
 
@@ -1014,15 +640,14 @@ static int r_fallocate(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
 		       off_t off, off_t len)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, (struct sbx_node *)RFILE(fh)->node);
-	cJSON *op = new_op("fallocate", path);
-	int rc;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_FALLOCATE,
+		.path = premote_npath(s, (struct sbx_node *)RFILE(fh)->node),
+		.fmode = mode, .offset = off, .length = len,
+	};
+	int rc = premote_batch1(s, &op, NULL);
 
-	op_num(op, "mode", mode);
-	op_num(op, "offset", (double)off);
-	op_num(op, "length", (double)len);
-	rc = batch1(s, op, NULL);
-	free(path);
+	free(op.path);
 	return rc;
 }
 
@@ -1034,8 +659,10 @@ static off_t r_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
 		     int whence)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path;
-	cJSON *op, *res = NULL;
+	struct sbx_batch_op op = {
+		.kind = SBX_BATCH_LSEEK, .offset = off, .whence = whence,
+	};
+	cJSON *res = NULL;
 	const cJSON *o;
 	off_t r;
 	int rc;
@@ -1043,13 +670,9 @@ static off_t r_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
 	if (whence != SEEK_DATA && whence != SEEK_HOLE)
 		return sbx_error_set(SBX_ERR_REMOTE, -EINVAL,
 				     "lseek: whence %d", whence);
-	path = npath(s, (struct sbx_node *)RFILE(fh)->node);
-	op = new_op("lseek", path);
-	op_num(op, "offset", (double)off);
-	cJSON_AddStringToObject(op, "whence",
-				whence == SEEK_DATA ? "data" : "hole");
-	rc = batch1(s, op, &res);
-	free(path);
+	op.path = premote_npath(s, (struct sbx_node *)RFILE(fh)->node);
+	rc = premote_batch1(s, &op, &res);
+	free(op.path);
 	if (rc < 0)
 		return rc;
 	o = cJSON_GetObjectItemCaseSensitive(res, "offset");
@@ -1062,273 +685,11 @@ static off_t r_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
 	return r;
 }
 
-/* ---- directories ---------------------------------------------------------- */
-
-static int r_opendir(struct sbx_sandbox *sb, struct sbx_node *node,
-		     struct sbx_file **out)
-{
-	struct premote_file *f = file_new(RSB(sb), RNODE(node), O_RDONLY);
-
-	f->is_dir = true;
-	*out = (struct sbx_file *)f;
-	return 0;
-}
-
-/* One GET /v1/fs/list for the whole listing, with every entry's stat. */
-static int fetch_listing(struct premote_sandbox *s, struct premote_file *d)
-{
-	char *path = npath(s, (struct sbx_node *)d->node);
-	const cJSON *ents, *e;
-	cJSON *j = NULL;
-	size_t i = 0;
-	int rc;
-
-	rc = get_json(s, "/v1/fs/list", path, &j);
-	if (rc < 0)
-		goto out;
-	ents = cJSON_GetObjectItemCaseSensitive(j, "entries");
-	if (!cJSON_IsArray(ents)) {
-		rc = sbx_error_set(SBX_ERR_PROTO, -EIO,
-				   "list %s: no \"entries\" in the answer",
-				   path);
-		goto out;
-	}
-	cJSON_Delete(d->listing);
-	free(d->entries);
-	d->listing = j;
-	d->nentries = (size_t)cJSON_GetArraySize(ents);
-	d->entries = sbx_xcalloc(d->nentries + 1, sizeof(*d->entries));
-	cJSON_ArrayForEach(e, ents)
-	{
-		if (i < d->nentries)
-			d->entries[i++] = e;
-	}
-	d->nentries = i;
-	j = NULL;
-	d->fetched = true;
-	d->served = false;
-	memset(&d->dot, 0, sizeof(d->dot));
-	d->dot.st_mode = S_IFDIR;
-	d->dot.st_ino = d->node == &s->root ? s->root.ino : d->node->ino;
-out:
-	cJSON_Delete(j);
-	free(path);
-	return rc;
-}
-
-static int r_readdir(struct sbx_sandbox *sb, struct sbx_file *dh, off_t off,
-		     unsigned flags, sbx_dirent_cb cb, void *payload)
-{
-	struct premote_sandbox *s = RSB(sb);
-	struct premote_file *d = RFILE(dh);
-	bool plus = flags & SBX_READDIR_PLUS;
-	char *dir = NULL;
-	int rc = 0;
-
-	pthread_mutex_lock(&d->lock);
-	/* A rewind after entries were served sees a fresh listing. */
-	if (!d->fetched || (off == 0 && d->served)) {
-		rc = fetch_listing(s, d);
-		if (rc < 0)
-			goto out;
-	}
-	dir = npath(s, (struct sbx_node *)d->node);
-	/* Cookies: 1 ".", 2 "..", 3 + i the i-th entry. */
-	for (off_t c = off; c < (off_t)d->nentries + 2; c++) {
-		struct sbx_node *node = NULL;
-		struct stat st;
-		const char *name;
-		char *path;
-
-		if (c < 2) {
-			memset(&st, 0, sizeof(st));
-			st.st_mode = S_IFDIR;
-			st.st_ino = c == 0 ? d->dot.st_ino : 1;
-			if (cb(c == 0 ? "." : "..", &st, NULL, c + 1,
-			       payload) != 0)
-				break;
-			d->served = true;
-			continue;
-		}
-		const cJSON *e = d->entries[c - 2];
-
-		name = sbx_json_str(e, "name");
-		if (!name || !*name || strchr(name, '/') ||
-		    get_st(s, e, "st", &st) < 0) {
-			rc = sbx_error_set(SBX_ERR_PROTO, -EIO,
-					   "list %s: malformed entry %lld",
-					   dir, (long long)(c - 2));
-			break;
-		}
-		if (plus) {
-			path = sbx_proto_path_join(dir, name);
-			node = (struct sbx_node *)node_get(s, path, &st);
-			free(path);
-		}
-		if (cb(name, &st, node, c + 1, payload) != 0) {
-			r_forget(sb, node);
-			break;
-		}
-		d->served = true;
-	}
-out:
-	pthread_mutex_unlock(&d->lock);
-	free(dir);
-	return rc;
-}
-
-static int r_fsyncdir(struct sbx_sandbox *sb, struct sbx_file *dh,
-		      bool datasync)
-{
-	return fsync_path(RSB(sb), RFILE(dh)->node, datasync);
-}
-
-static int r_releasedir(struct sbx_sandbox *sb, struct sbx_file *dh)
-{
-	file_free(RSB(sb), RFILE(dh));
-	return 0;
-}
-
-static int r_statfs(struct sbx_sandbox *sb, struct sbx_node *node,
-		    struct statvfs *out)
-{
-	cJSON *j = NULL;
-	int rc = get_json(RSB(sb), "/v1/fs/statfs", NULL, &j);
-
-	if (rc == 0)
-		rc = premote_fs_errno(sbx_proto_statvfs_from_json(j, out));
-	cJSON_Delete(j);
-	return rc;
-}
-
-/* ---- xattrs --------------------------------------------------------------- */
-
-static ssize_t r_getxattr(struct sbx_sandbox *sb, struct sbx_node *node,
-			  const char *name, void *buf, size_t size)
-{
-	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
-	cJSON *op = new_op("getxattr", path), *r = NULL;
-	const char *v;
-	unsigned char *val = NULL;
-	size_t len = 0;
-	ssize_t rc;
-
-	sbx_json_set_str(op, "name", name);
-	rc = batch1(s, op, &r);
-	if (rc < 0)
-		goto out;
-	v = sbx_json_str(r, "value");
-	if (!v || sbx_proto_base64_decode(v, &val, &len) < 0) {
-		rc = sbx_error_set(SBX_ERR_PROTO, -EIO,
-				   "getxattr %s %s: bad \"value\"", path, name);
-		goto out;
-	}
-	if (size == 0) {
-		rc = (ssize_t)len;
-	} else if (len > size) {
-		rc = sbx_error_set(SBX_ERR_OS, -ERANGE,
-				   "getxattr %s: value larger than %zu bytes",
-				   name, size);
-	} else {
-		memcpy(buf, val, len);
-		rc = (ssize_t)len;
-	}
-out:
-	free(val);
-	cJSON_Delete(r);
-	free(path);
-	return rc;
-}
-
-static ssize_t r_listxattr(struct sbx_sandbox *sb, struct sbx_node *node,
-			   char *buf, size_t size)
-{
-	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
-	cJSON *r = NULL;
-	const cJSON *names, *n;
-	size_t need = 0;
-	ssize_t rc;
-
-	rc = batch1(s, new_op("listxattr", path), &r);
-	if (rc < 0)
-		goto out;
-	names = cJSON_GetObjectItemCaseSensitive(r, "names");
-	cJSON_ArrayForEach(n, names)
-	{
-		if (cJSON_IsString(n))
-			need += strlen(n->valuestring) + 1;
-	}
-	if (size == 0) {
-		rc = (ssize_t)need;
-		goto out;
-	}
-	if (need > size) {
-		rc = sbx_error_set(SBX_ERR_OS, -ERANGE,
-				   "listxattr %s: list larger than %zu bytes",
-				   path, size);
-		goto out;
-	}
-	need = 0;
-	cJSON_ArrayForEach(n, names)
-	{
-		if (!cJSON_IsString(n))
-			continue;
-		size_t l = strlen(n->valuestring) + 1;
-
-		memcpy(buf + need, n->valuestring, l);
-		need += l;
-	}
-	rc = (ssize_t)need;
-out:
-	cJSON_Delete(r);
-	free(path);
-	return rc;
-}
-
-static int r_setxattr(struct sbx_sandbox *sb, struct sbx_node *node,
-		      const char *name, const void *value, size_t size,
-		      int flags)
-{
-	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node), *v = sbx_proto_base64_encode(value, size);
-	cJSON *op = new_op("setxattr", path);
-	int rc;
-
-	sbx_json_set_str(op, "name", name);
-	sbx_json_set_str(op, "value", v);
-	if (flags & XATTR_CREATE)
-		sbx_json_set_str(op, "flags", "create");
-	else if (flags & XATTR_REPLACE)
-		sbx_json_set_str(op, "flags", "replace");
-	else
-		op_num(op, "flags", 0);
-	rc = batch1(s, op, NULL);
-	free(v);
-	free(path);
-	return rc;
-}
-
-static int r_removexattr(struct sbx_sandbox *sb, struct sbx_node *node,
-			 const char *name)
-{
-	struct premote_sandbox *s = RSB(sb);
-	char *path = npath(s, node);
-	cJSON *op = new_op("removexattr", path);
-	int rc;
-
-	sbx_json_set_str(op, "name", name);
-	rc = batch1(s, op, NULL);
-	free(path);
-	return rc;
-}
-
 static int r_node_path(struct sbx_sandbox *sb, struct sbx_node *node,
 		       char **out)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *p = npath(s, node);
+	char *p = premote_npath(s, node);
 	const char *root = s->info.root;
 	size_t rl = strlen(root);
 
@@ -1342,205 +703,29 @@ static int r_node_path(struct sbx_sandbox *sb, struct sbx_node *node,
 	return 0;
 }
 
-/* ---- bulk ----------------------------------------------------------------- */
-
-/*
- * The agent may split a large directory over several DIR frames (the
- * first with "more", the next with "continued"); the caller gets it
- * whole, as sbx_bulk_item promises.
- */
-struct bulk_ctx {
-	struct premote_sandbox *s;
-	sbx_bulk_cb cb;
-	void *payload;
-	int cb_rc;
-	const char *start;        /* the walk's start (cleaned) */
-	bool start_only;          /* depth 0: the start directory alone */
-	/* a directory being assembled */
-	char *dpath;
-	struct stat dst;
-	struct sbx_bulk_entry *ents;
-	size_t n, cap;
-};
-
-static void pending_clear(struct bulk_ctx *b)
-{
-	for (size_t i = 0; i < b->n; i++)
-		free((char *)b->ents[i].name);
-	free(b->ents);
-	free(b->dpath);
-	b->ents = NULL;
-	b->dpath = NULL;
-	b->n = b->cap = 0;
-}
-
-static int bulk_deliver(struct bulk_ctx *b, const struct sbx_bulk_item *it)
-{
-	int rc = b->cb(it, b->payload);
-
-	if (rc)
-		b->cb_rc = rc;
-	return rc;
-}
-
-static int bulk_dir(struct bulk_ctx *b, const cJSON *hdr, const char *dir)
-{
-	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(hdr, "entries");
-	bool more = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(hdr, "more"));
-	bool cont = cJSON_IsTrue(
-		cJSON_GetObjectItemCaseSensitive(hdr, "continued"));
-	struct sbx_bulk_item it;
-	const cJSON *e;
-	int rc;
-
-	if (!cJSON_IsArray(arr))
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "bulk %s: no \"entries\"", dir);
-	if (b->start_only && strcmp(dir, b->start))
-		return 1; /* past the start directory: enough */
-	if (cont != (b->dpath != NULL) || (cont && strcmp(dir, b->dpath)))
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "bulk %s: a continued directory does "
-				     "not follow its start", dir);
-	if (!cont) {
-		b->dpath = sbx_xstrdup(dir);
-		rc = get_st(b->s, hdr, "st", &b->dst);
-		if (rc < 0)
-			return rc;
-	}
-	cJSON_ArrayForEach(e, arr)
-	{
-		const char *name = sbx_json_str(e, "name");
-		struct stat st;
-
-		if (!name || !*name || strchr(name, '/') ||
-		    get_st(b->s, e, "st", &st) < 0)
-			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-					     "bulk %s: malformed entry", dir);
-		if (b->n == b->cap) {
-			b->cap = b->cap ? b->cap * 2 : 64;
-			b->ents = sbx_xrealloc(b->ents,
-					       b->cap * sizeof(*b->ents));
-		}
-		b->ents[b->n].name = sbx_xstrdup(name);
-		b->ents[b->n].st = st;
-		b->n++;
-	}
-	if (more)
-		return 0;
-	memset(&it, 0, sizeof(it));
-	it.kind = SBX_BULK_DIR;
-	it.path = b->dpath;
-	it.st = b->dst;
-	it.entries = b->ents;
-	it.nentries = b->n;
-	rc = bulk_deliver(b, &it);
-	pending_clear(b);
-	return rc;
-}
-
-static int bulk_frame(const cJSON *hdr, const void *data, size_t len,
-		      void *payload)
-{
-	struct bulk_ctx *b = payload;
-	const char *dir = sbx_json_str(hdr, "dir");
-	const char *file = sbx_json_str(hdr, "file");
-	struct sbx_bulk_item it;
-	int rc;
-
-	if (dir)
-		return bulk_dir(b, hdr, dir);
-	if (!file)
-		return 0; /* {"end":...} and records we do not know */
-	if (b->dpath)
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "bulk %s: a file inside an unfinished "
-				     "directory listing", file);
-	memset(&it, 0, sizeof(it));
-	rc = get_st(b->s, hdr, "st", &it.st);
-	if (rc < 0)
-		return rc;
-	if ((uint64_t)it.st.st_size != len)
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "bulk %s: %zu bytes for a file of %lld",
-				     file, len, (long long)it.st.st_size);
-	it.kind = SBX_BULK_FILE;
-	it.path = file;
-	it.data = data ? data : "";
-	it.len = len;
-	return bulk_deliver(b, &it);
-}
-
-static int r_bulk(struct sbx_sandbox *sb, const char *dir,
-		  const struct sbx_bulk_opts *o, sbx_bulk_cb cb,
-		  void *payload)
-{
-	struct premote_sandbox *s = RSB(sb);
-	struct bulk_ctx b = { .s = s, .cb = cb, .payload = payload };
-	struct premote_req r = {
-		.method = "GET", .route = "/v1/fs/bulk", .idempotent = true,
-		.cancel_fd = -1, .timeout_ms = -1, .frames = bulk_frame,
-		.payload = &b,
-	};
-	struct premote_resp resp;
-	struct sbx_buf q;
-	char *start = NULL;
-	int rc;
-
-	if (!s->info.cap_bulk)
-		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS,
-				     "the agent at %s has no bulk capability",
-				     s->cfg.url);
-	rc = sbx_proto_path_clean(dir, &start);
-	if (rc < 0)
-		return rc;
-	b.start = start;
-	r.low_speed_s = (premote_http_timeout_ms(s->http) + 999) / 1000;
-	sbx_buf_init(&q, PREMOTE_QUERY_CAP);
-	premote_q_str(&q, "path", start);
-	if (o && o->max_file)
-		premote_q_u64(&q, "max_file", o->max_file);
-	if (o && o->max_total)
-		premote_q_u64(&q, "max_total", o->max_total);
-	/* The agent counts levels below the start, 0 meaning unlimited:
-	 * depth 0 (the start alone) is cut short here instead. */
-	if (o && o->depth > 0)
-		premote_q_u64(&q, "depth", (uint64_t)o->depth);
-	b.start_only = o && o->depth == 0;
-	r.query = sbx_buf_ptr(&q);
-	premote_resp_init(&resp);
-	rc = premote_http_do(s->http, &r, &resp);
-	premote_resp_fini(&resp);
-	sbx_buf_fini(&q);
-	pending_clear(&b);
-	free(start);
-	if (rc > 0 || (b.cb_rc && rc == b.cb_rc))
-		return rc > 0 ? 0 : rc; /* stopped on purpose */
-	return premote_fs_errno(rc);
-}
-
 /* ---- lifetime ------------------------------------------------------------- */
 
 static void r_free(struct sbx_sandbox *sb)
 {
 	struct premote_sandbox *s = RSB(sb);
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *hn;
 
 	if (!s)
 		return;
 	if (s->watch)
 		premote_watch_stop(sb);
-	for (size_t i = 0; s->by_ino && i < s->nbuckets; i++) {
-		struct premote_node *n, *next;
+	/* Nodes the daemon did not forget (it exits): free them. */
+	sbx_hashmap_iter_init(&it, &s->by_ino);
+	while ((hn = sbx_hashmap_next(&it))) {
+		struct premote_node *n =
+			sbx_hashmap_entry(hn, struct premote_node, ino_node);
 
-		/* Nodes the daemon did not forget (it exits): free them. */
-		for (n = s->by_ino[i]; n; n = next) {
-			next = n->ino_next;
-			free(n->path);
-			free(n);
-		}
+		free(n->path);
+		free(n);
 	}
-	free(s->by_ino);
-	free(s->by_path);
+	sbx_hashmap_fini(&s->by_ino);
+	sbx_hashmap_fini(&s->by_path);
 	pthread_mutex_destroy(&s->nodes_lock);
 	pthread_mutex_destroy(&s->seq_lock);
 	premote_exec_env_fini(s);
@@ -1582,21 +767,21 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.release = r_release,
 	.fallocate = r_fallocate,
 	.lseek = r_lseek,
-	.opendir = r_opendir,
-	.readdir = r_readdir,
-	.fsyncdir = r_fsyncdir,
-	.releasedir = r_releasedir,
-	.statfs = r_statfs,
-	.getxattr = r_getxattr,
-	.listxattr = r_listxattr,
-	.setxattr = r_setxattr,
-	.removexattr = r_removexattr,
+	.opendir = premote_opendir,
+	.readdir = premote_readdir,
+	.fsyncdir = premote_fsyncdir,
+	.releasedir = premote_releasedir,
+	.statfs = premote_statfs,
+	.getxattr = premote_getxattr,
+	.listxattr = premote_listxattr,
+	.setxattr = premote_setxattr,
+	.removexattr = premote_removexattr,
 	.node_path = r_node_path,
 	.exec_start = premote_exec_start,
 	.watch_start = premote_watch_start,
 	.watch_sync = premote_watch_sync,
 	.watch_stop = premote_watch_stop,
-	.bulk = r_bulk,
+	.bulk = premote_bulk,
 	.node_at = r_node_at,
 	.watch_healthy = r_watch_healthy,
 	.free = r_free,
@@ -1605,38 +790,19 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.repo_objects = premote_repo_objects,
 };
 
-/*
- * The same table without node_at: the daemon then serves these operations
- * directly, without fs/cache.c.  Chosen by SBX_REMOTE_NO_CACHE=1, a
- * debugging aid to tell the provider's faults from the cache's.
- */
-static struct sbx_sandbox_ops premote_uncached_ops;
-static pthread_once_t uncached_once = PTHREAD_ONCE_INIT;
-
-static void uncached_init(void)
-{
-	premote_uncached_ops = premote_sandbox_ops;
-	premote_uncached_ops.node_at = NULL;
-}
-
 int premote_sandbox_open(struct sbx_sandbox **out, const char *session,
 			 struct premote_config *cfg, struct premote_http *http,
 			 struct premote_info *info)
 {
 	struct premote_sandbox *s;
 	struct stat st;
-	uint64_t h = 1469598103934665603ull;
 	cJSON *j = NULL;
 	int rc;
 
 	*out = NULL;
 	s = sbx_xcalloc(1, sizeof(*s));
+	/* Whether the daemon caches it is decided there (cli/daemon.c). */
 	s->base.ops = &premote_sandbox_ops;
-	if (getenv("SBX_REMOTE_NO_CACHE") &&
-	    !strcmp(getenv("SBX_REMOTE_NO_CACHE"), "1")) {
-		pthread_once(&uncached_once, uncached_init);
-		s->base.ops = &premote_uncached_ops;
-	}
 	s->base.session = sbx_xstrdup(session);
 	s->cfg = *cfg;
 	memset(cfg, 0, sizeof(*cfg));
@@ -1647,20 +813,20 @@ int premote_sandbox_open(struct sbx_sandbox **out, const char *session,
 	pthread_mutex_init(&s->nodes_lock, NULL);
 	pthread_mutex_init(&s->seq_lock, NULL);
 	pthread_mutex_init(&s->cenv_lock, NULL);
-	s->nbuckets = 1024;
-	s->by_ino = sbx_xcalloc(s->nbuckets, sizeof(*s->by_ino));
-	s->by_path = sbx_xcalloc(s->nbuckets, sizeof(*s->by_path));
-	/* A stable st_dev per sandbox: from its URL. */
-	for (const char *p = s->cfg.url; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
-	s->dev = (dev_t)((mix64(h) & 0xffffffffu) | 1u);
+	sbx_hashmap_init(&s->by_ino);
+	sbx_hashmap_init(&s->by_path);
+	/* A stable st_dev per sandbox: from its URL.  Never change the
+	 * formula (inode numbers users saw would move). */
+	s->dev = (dev_t)((mix64(sbx_fnv1a_str(s->cfg.url)) & 0xffffffffu) |
+			 1u);
 
 	if (s->info.has_root_st) {
 		/* /v1/info said it: no round trip of its own. */
 		st = s->info.root_st;
 		rc = 0;
 	} else {
-		rc = premote_fs_errno(get_json(s, "/v1/fs/stat", "", &j));
+		rc = premote_fs_errno(
+			premote_get_json(s, "/v1/fs/stat", "", &j));
 		if (rc == 0)
 			rc = sbx_proto_stat_from_json(
 				cJSON_GetObjectItemCaseSensitive(j, "st"),

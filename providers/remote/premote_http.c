@@ -321,24 +321,6 @@ void premote_resp_fini(struct premote_resp *r)
 		sbx_buf_fini(&r->body);
 }
 
-/* Case-insensitive "Name:" prefix; returns the trimmed value or NULL. */
-static const char *header_value(const char *line, size_t n, const char *name,
-				size_t *vlen)
-{
-	size_t l = strlen(name);
-	const char *v, *end = line + n;
-
-	if (n <= l || strncasecmp(line, name, l) || line[l] != ':')
-		return NULL;
-	v = line + l + 1;
-	while (v < end && (*v == ' ' || *v == '\t'))
-		v++;
-	while (end > v && isspace((unsigned char)end[-1]))
-		end--;
-	*vlen = (size_t)(end - v);
-	return v;
-}
-
 static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 {
 	struct xfer *x = userp;
@@ -351,16 +333,17 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 		x->resp->hdr_size = -1;
 		return n;
 	}
-	if (header_value(buf, n, SBX_HDR_AGENT, &vl))
+	if (sbx_http_header_value(buf, n, SBX_HDR_AGENT, &vl))
 		x->resp->agent = true;
-	else if ((v = header_value(buf, n, SBX_HDR_SIZE, &vl)) && vl < 20) {
+	else if ((v = sbx_http_header_value(buf, n, SBX_HDR_SIZE, &vl)) &&
+		 vl < 20) {
 		char tmp[24];
 
 		memcpy(tmp, v, vl);
 		tmp[vl] = '\0';
 		x->resp->hdr_size = strtoll(tmp, NULL, 10);
-	} else if ((v = header_value(buf, n, "Retry-After", &vl)) && vl < 12 &&
-		   isdigit((unsigned char)*v)) {
+	} else if ((v = sbx_http_header_value(buf, n, "Retry-After", &vl)) &&
+		   vl < 12 && isdigit((unsigned char)*v)) {
 		char tmp[16];
 
 		memcpy(tmp, v, vl);

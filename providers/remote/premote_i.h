@@ -1,14 +1,19 @@
 /*
  * Remote provider internals: a client of sbx-agent (docs/protocol.md).
+ * What other providers use (configuration, the HTTP client, opening a
+ * sandbox over an agent, tar transfers) is public in sbx/remote.h; this
+ * header stays private to providers/remote/.
  *
  *   premote.c        provider ops table, configuration, probe (health +
- *                    info), construction, open()
+ *                    info), construction, open(), connect
  *   premote_http.c   libcurl layer over the pool of sbx/http.h (DNS and
  *                    TLS sessions shared, one connection per handle),
  *                    timeouts, error mapping, frame streams, URL and
  *                    query building, base64
  *   premote_env.c    the environment of commands in container sandboxes
- *   premote_fs.c     data plane: node table, every file operation
+ *   premote_fs.c     data plane: every file operation, open and free
+ *   premote_nodes.c  the node table (by ino and by path) and identities
+ *   premote_fs_dir.c directories, xattrs, bulk walks
  *   premote_watch.c  change stream thread (GET /v1/watch), watch_sync
  *   premote_exec.c   exec handle over POST /v1/exec (attach)
  *
@@ -39,96 +44,30 @@
 
 #include "sbx/buf.h"
 #include "sbx/error.h"
+#include "sbx/hashmap.h"
 #include "sbx/proto.h"
 #include "sbx/provider.h"
+#include "sbx/remote.h"
 
 struct cJSON;
-
-#define PREMOTE_DEFAULT_TIMEOUT_S 30
-#define PREMOTE_DEFAULT_CONNECT_TIMEOUT_S 10
-/* JSON answers (listings of huge directories) are capped here. */
-#define PREMOTE_MAX_JSON_ANSWER (64u * 1024 * 1024)
-/* Query strings (a PATH_MAX path percent-encoded fits many times). */
-#define PREMOTE_QUERY_CAP (1024u * 1024)
 
 /* ---- configuration (premote.c) ------------------------------------------ */
 
 /*
- * The "remote" configuration section, validated:
+ * The "remote" configuration section, validated into a struct
+ * premote_config (sbx/remote.h):
  *   {"url": "http[s]://host:port[/prefix]",   required
  *    "token_file": "/path",                    required (first line = token)
  *    "timeout": 30,                            seconds, bounds every request
  *    "connect_timeout": 10,                    seconds
  *    "ca_file": "/path/ca.pem",                TLS: trust this CA
  *    "insecure": false}                        TLS: skip verification
- * Strings are owned; release with premote_config_fini().
- */
-struct premote_config {
-	char *url;        /* without trailing '/' */
-	char *token_file; /* "~" expanded */
-	long timeout_ms;
-	long connect_timeout_ms;
-	char *ca_file;    /* NULL: system CAs */
-	bool insecure;
-	/*
-	 * Not from the section: set by providers that start the agent
-	 * themselves (kubernetes, modal).  `token` replaces token_file;
-	 * `auth` (owned: released with the configuration) authenticates to
-	 * the server in front of the agent (the Kubernetes API server's pod
-	 * proxy).
-	 */
-	char *token;
-	struct premote_auth *auth;
-	/*
-	 * Who answers at `url` when it is not the agent itself, for messages
-	 * that must name the hop that failed ("the Kubernetes API server at
-	 * https://... (pod proxy of pod P)"); NULL: the agent.  Owned.
-	 */
-	char *peer;
-	/*
-	 * Commands run in the sandbox's own environment (the image's and the
-	 * pod spec's: kubernetes, modal) rather than one built from the
-	 * client's: see premote_exec_env().
-	 */
-	bool container_env;
-};
-
-/*
- * TLS and authentication material of the server in front of the agent,
- * for one request.  Blobs are PEM text.  Every member is malloc'd by the
- * auth provider's get() and owned by the caller (premote_creds_fini()).
- */
-struct premote_creds {
-	char *ca_pem;            /* trust only this CA bundle; NULL: ca_file
-				  * or the system CAs */
-	size_t ca_pem_len;
-	bool insecure;           /* skip TLS verification */
-	char *tls_server_name;   /* verify this name instead of the URL's
-				  * host; NULL: the host */
-	char *bearer;            /* "Authorization: Bearer ..."; NULL: none */
-	char *cert_pem, *key_pem; /* client certificate; NULL: none */
-	size_t cert_pem_len, key_pem_len;
-	char *connect_to;        /* CURLOPT_CONNECT_TO "host:port:h2:p2"
-				  * (tls-server-name: the URL carries the
-				  * name to verify, this the real address) */
-};
-
-void premote_creds_fini(struct premote_creds *c);
-
-struct premote_auth {
-	int (*get)(void *ctx, bool refresh, struct premote_creds *out);
-	void (*release)(void *ctx); /* may be NULL */
-	void *ctx;
-};
-
-/*
  * Validate `section` (may be NULL: then "url" is missing) into *out.
  * -EINVAL (SBX_ERR_CONFIG) with a message naming the key and saying how
  * to set it.  *out is zeroed first and left empty on error.
  */
 SBX_WUR int premote_config_parse(struct premote_config *out,
 				 const struct cJSON *section);
-void premote_config_fini(struct premote_config *c);
 
 /*
  * Check that an agent answers at cfg->url with our protocol version and
@@ -153,114 +92,7 @@ SBX_WUR int premote_token_read(char **out, const char *path);
 
 /* ---- HTTP (premote_http.c) ----------------------------------------------- */
 
-/*
- * A client for one agent: base URL, token, timeouts, and a pool of curl
- * easy handles (sbx/http.h) sharing the DNS cache and TLS sessions, each
- * keeping its own kept-alive connection, so up to as many requests as
- * there are calling threads run at once.  Every request carries the
- * User-Agent sbx/VERSION; a body is sent with any method (DELETE carries
- * Kubernetes DeleteOptions).
- *
- * Threads: every function may be called from any thread concurrently.
- * premote_http_free() must not race with requests.
- */
-struct premote_http;
-
-/*
- * `token` may be NULL (only /v1/health then works).  Copies what it needs
- * from cfg.  Initialises libcurl globally on first use.
- */
-SBX_WUR int premote_http_new(struct premote_http **out,
-			     const struct premote_config *cfg,
-			     const char *token);
-void premote_http_free(struct premote_http *h);
-
-/* The base URL (borrowed). */
-const char *premote_http_base(const struct premote_http *h);
-/* The configured per-request timeout in milliseconds. */
-long premote_http_timeout_ms(const struct premote_http *h);
-
-/* One request.  Strings borrowed for the call. */
-struct premote_req {
-	const char *method;       /* "GET", "POST", "PUT", "DELETE" */
-	const char *route;        /* "/v1/fs/stat" */
-	const char *query;        /* encoded, without '?'; NULL for none */
-	const void *body;         /* request body, or NULL */
-	size_t body_len;
-	const char *content_type; /* of the body (SBX_CT_JSON/OCTET) */
-	bool no_token;            /* /v1/health */
-	bool idempotent;          /* retried once after a dropped connection */
-	/*
-	 * 0: the configured timeout bounds the whole request.  < 0: no total
-	 * bound (streams); then `low_speed_s` > 0 aborts with -ETIMEDOUT when
-	 * less than one byte arrived in that many seconds.
-	 */
-	long timeout_ms;
-	long low_speed_s;
-	/*
-	 * >= 0: a descriptor that becomes readable to abort the request
-	 * (-ECANCELED).  The request then runs on a private multi handle.
-	 */
-	int cancel_fd;
-	/*
-	 * Request body streamed from a descriptor (read to EOF, sent
-	 * chunked) instead of `body`: set body_from_fd and body_fd.
-	 */
-	bool body_from_fd;
-	int body_fd;
-	/* A 2xx body written to a descriptor: set out_to_fd and out_fd. */
-	bool out_to_fd;
-	int out_fd;
-	/*
-	 * The answer comes from a server, not the agent (the Kubernetes API):
-	 * any HTTP answer returns 0, X-Sbx-Agent is not required, and the
-	 * caller reads resp->status and resp->body (capped at max_body).
-	 */
-	bool any_status;
-	/*
-	 * A 2xx body handed over as it arrives (the Kubernetes watch API's
-	 * JSON lines).  Non-zero from the callback stops the request and is
-	 * returned.
-	 */
-	int (*on_data)(const char *buf, size_t len, void *payload);
-	/* Where a 2xx body goes (default: resp->body, capped at max_body). */
-	size_t max_body;          /* 0: PREMOTE_MAX_JSON_ANSWER */
-	void *out;                /* octet bodies: straight into out[out_cap] */
-	size_t out_cap;
-	sbx_frame_cb frames;      /* frame streams: parsed as they arrive */
-	void *payload;
-};
-
-struct premote_resp {
-	long status;            /* HTTP status; 0 when none came */
-	bool agent;             /* the answer carried X-Sbx-Agent */
-	struct sbx_buf body;    /* JSON answers and every error body */
-	size_t out_len;         /* bytes stored in req->out */
-	bool ended;             /* frame stream ended with {"end":true} */
-	bool delivered;         /* at least one frame reached the callback */
-	long long hdr_size;     /* X-Sbx-Size, -1 when absent */
-	long retry_after_s;     /* Retry-After in seconds, -1 when absent */
-};
-
-void premote_resp_init(struct premote_resp *r);
-void premote_resp_fini(struct premote_resp *r);
-
-/*
- * Perform `req`.  Returns 0 for a 2xx answer of the agent.  Otherwise:
- *  - transport failure: premote_errno_from_curl() (-ETIMEDOUT, -EIO, ...),
- *    SBX_ERR_HTTP, "METHOD URL: <curl message>";
- *  - an error answer of the agent: its errno (sbx_proto_error_from_json),
- *    SBX_ERR_REMOTE;
- *  - an answer without X-Sbx-Agent (a proxy speaking): -EIO, SBX_ERR_HTTP,
- *    detail = status, "a proxy answered for the agent at URL: HTTP 503 ..."
- *  - a frame stream that ends without {"end":true}: -ECONNRESET
- *    (SBX_ERR_HTTP); the callback's non-zero value when it stopped it.
- * resp->status is set whenever an answer came, so callers can refine
- * messages (401).  Blocks at most the timeout (see premote_req).
- */
-SBX_WUR int premote_http_do(struct premote_http *h,
-			    const struct premote_req *req,
-			    struct premote_resp *resp);
+/* The client itself is public (sbx/remote.h); these are its private helpers. */
 
 /*
  * Convenience: a JSON request and answer.  `body` (may be NULL) is sent
@@ -295,11 +127,6 @@ char *premote_url(const char *base, const char *route, const char *query);
  */
 SBX_WUR int premote_url_normalise(char **out, const char *url);
 
-/* Query building: "k=v&k2=v2" with values percent-encoded.  The buffer
- * must be initialised by the caller with sbx_buf_init(q, PREMOTE_QUERY_CAP);
- * passing the cap aborts (a bug, as out of memory). */
-void premote_q_str(struct sbx_buf *q, const char *key, const char *value);
-void premote_q_u64(struct sbx_buf *q, const char *key, uint64_t value);
 
 /* ---- sandbox (premote_fs.c) ---------------------------------------------- */
 
@@ -316,9 +143,14 @@ struct premote_node {
 	char *path;           /* protected by nodes_lock */
 	uint64_t ino;         /* reported st_ino; 0 for node_at() nodes */
 	bool dir;
-	bool hashed;          /* in the tables */
 	unsigned long refs;   /* protected by nodes_lock */
-	struct premote_node *ino_next, *path_next;
+	/* Links in premote_sandbox.by_ino / by_path, protected by
+	 * nodes_lock; both unlinked for the root and node_at() nodes
+	 * (sbx_hashmap_node_linked() says whether a node is tracked). */
+	struct sbx_hashmap_node ino_node, path_node;
+	/* When it was (re)linked by path, protected by nodes_lock: among
+	 * nodes of one path (hard links, a stale node) the newest wins. */
+	uint64_t path_gen;
 };
 
 struct premote_watch; /* premote_watch.c */
@@ -351,9 +183,17 @@ struct premote_sandbox {
 	uint64_t root_rdev;   /* the root's remote st_dev (ino mixing) */
 	struct premote_node root;
 
+	/*
+	 * The tracked nodes (premote_nodes.c), keyed by reported ino
+	 * (premote_node.ino_node; hash: the ino itself) and by path
+	 * (premote_node.path_node; hash: sbx_fnv1a_str() of the path).
+	 * nodes_lock guards both maps, every node's links, path and refs,
+	 * and path_gen: sbx_hashmap does no locking of its own, so even a
+	 * lookup holds it.
+	 */
 	pthread_mutex_t nodes_lock;
-	struct premote_node **by_ino, **by_path; /* protected by nodes_lock */
-	size_t nbuckets, count;
+	struct sbx_hashmap by_ino, by_path;
+	uint64_t path_gen;    /* the last premote_node.path_gen handed out */
 
 	struct premote_watch *watch;
 
@@ -457,27 +297,5 @@ int premote_repo_state(struct sbx_sandbox *sb, const char *path,
 int premote_repo_objects(struct sbx_sandbox *sb, const char *path,
 			 const char *const *names, size_t n,
 			 sbx_repo_object_cb cb, void *payload);
-
-/* ---- provider (premote.c) ------------------------------------------------ */
-
-SBX_WUR int premote_provider_new(struct sbx_provider **out,
-				 const struct cJSON *config);
-
-/* ---- archive (premote_archive.c) ---------------------------------------- */
-
-/*
- * Snapshot and restore of a directory as a tar stream (GET/PUT
- * /v1/archive).  Neither has a total time bound: a transfer only fails
- * when nothing moves for the configured timeout.  Errors as
- * premote_http_do(): an agent error (-ENOENT, -EINVAL for a bad or
- * refused archive, ...) with SBX_ERR_REMOTE, or a transport error
- * (a stream cut mid-way is -ECONNRESET/-EIO: what reached out_fd is then
- * an incomplete archive and must be discarded).
- */
-
-/* Stream the tar of `path` (relative to the agent root, "" = all) into out_fd. */
-SBX_WUR int premote_archive_get(struct premote_http *h, const char *path, int out_fd);
-/* Send the tar read from in_fd (to EOF) to be extracted at `path`; `replace` removes what the archive does not have. */
-SBX_WUR int premote_archive_put(struct premote_http *h, const char *path, int in_fd, bool replace, uint64_t *entries);
 
 #endif

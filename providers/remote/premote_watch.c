@@ -32,8 +32,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "sbx/clock.h"
 #include "sbx/json.h"
 #include "sbx/log.h"
+#include "sbx/proto_watch.h"
 #include "sbx/xmalloc.h"
 
 #include "premote_i.h"
@@ -62,65 +64,35 @@ struct premote_watch {
 	bool warned;              /* an outage was logged; stream thread only */
 };
 
-static struct timespec deadline_in(long ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	return ts;
-}
-
 /* ---- frames → changes ----------------------------------------------------- */
 
 int premote_change_from_frame(const cJSON *hdr, struct sbx_change *c)
 {
-	const char *kind = sbx_json_str(hdr, "kind");
-	const cJSON *seq = cJSON_GetObjectItemCaseSensitive(hdr, "seq");
-	const char *path = sbx_json_str(hdr, "path");
-	int k;
+	struct sbx_watch_frame f;
+	int rc = sbx_watch_frame_decode(hdr, &f);
 
 	memset(c, 0, sizeof(*c));
-	if (!kind)
-		return 0;
-	if (!strcmp(kind, "entry"))
-		k = SBX_CHANGE_ENTRY;
-	else if (!strcmp(kind, "data"))
-		k = SBX_CHANGE_DATA;
-	else if (!strcmp(kind, "attr"))
-		k = SBX_CHANGE_ATTR;
-	else if (!strcmp(kind, "overflow"))
-		k = SBX_CHANGE_OVERFLOW;
-	else
+	if (rc < 0)
+		return rc;
+	switch (f.kind) {
+	case SBX_WATCH_ENTRY:
+		c->kind = SBX_CHANGE_ENTRY;
+		break;
+	case SBX_WATCH_DATA:
+		c->kind = SBX_CHANGE_DATA;
+		break;
+	case SBX_WATCH_ATTR:
+		c->kind = SBX_CHANGE_ATTR;
+		break;
+	case SBX_WATCH_OVERFLOW:
+		c->kind = SBX_CHANGE_OVERFLOW;
+		break;
+	default:
 		return 0; /* hello, heartbeat, kinds of later versions */
-	if (!cJSON_IsNumber(seq) || seq->valuedouble < 0 ||
-	    seq->valuedouble > 9007199254740992.0)
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "watch: %s event without a valid \"seq\"",
-				     kind);
-	c->seq = (uint64_t)seq->valuedouble;
-	c->kind = k;
-	if (k == SBX_CHANGE_OVERFLOW)
-		return 1;
-	if (!path || path[0] == '/' || (k == SBX_CHANGE_ENTRY && !*path))
-		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-				     "watch: %s event with a bad \"path\"",
-				     kind);
-	c->path = path;
-	if (k == SBX_CHANGE_ENTRY) {
-		const char *slash = strrchr(path, '/');
-
-		c->name = slash ? slash + 1 : path;
-		if (!*c->name)
-			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-					     "watch: entry event for \"%s\"",
-					     path);
 	}
+	c->seq = f.seq;
+	c->path = f.path;
+	c->name = f.name;
 	return 1;
 }
 
@@ -151,26 +123,24 @@ static int on_frame(const cJSON *hdr, const void *data, size_t len,
 		    void *payload)
 {
 	struct premote_watch *w = payload;
-	const char *kind = sbx_json_str(hdr, "kind");
+	struct sbx_watch_frame f;
 	struct sbx_change c;
 	bool skip;
 	int rc;
 
-	if (kind && !strcmp(kind, "hello")) {
-		const char *boot = sbx_json_str(hdr, "boot_id");
-		const cJSON *ws = cJSON_GetObjectItemCaseSensitive(hdr,
-								  "watch_seq");
+	rc = sbx_watch_frame_decode(hdr, &f);
+	if (rc < 0)
+		return rc;
+	if (f.kind == SBX_WATCH_HELLO) {
+		const char *boot = f.boot_id;
 		bool reboot;
 
-		if (!boot || !cJSON_IsNumber(ws) || ws->valuedouble < 0)
-			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-					     "watch: malformed hello");
 		pthread_mutex_lock(&w->lock);
 		reboot = w->boot_id && strcmp(w->boot_id, boot);
 		if (reboot) {
 			free(w->boot_id);
 			w->boot_id = sbx_xstrdup(boot);
-			w->seq = (uint64_t)ws->valuedouble;
+			w->seq = f.watch_seq;
 			w->restart = true;
 		} else {
 			w->connected = true;
@@ -186,7 +156,7 @@ static int on_frame(const cJSON *hdr, const void *data, size_t len,
 				 "caches", w->s->cfg.url);
 			memset(&c, 0, sizeof(c));
 			c.kind = SBX_CHANGE_OVERFLOW;
-			c.seq = (uint64_t)ws->valuedouble;
+			c.seq = f.watch_seq;
 			deliver(w, &c);
 			return 1; /* resume at the new agent's sequence */
 		}
@@ -196,19 +166,14 @@ static int on_frame(const cJSON *hdr, const void *data, size_t len,
 		}
 		return 0;
 	}
-	if (kind && !strcmp(kind, "heartbeat")) {
-		const cJSON *ws = cJSON_GetObjectItemCaseSensitive(hdr,
-								  "watch_seq");
-
+	if (f.kind == SBX_WATCH_HEARTBEAT) {
 		/* Sent only when the stream has caught up: everything up to
 		 * watch_seq has been delivered (numbers may have gaps). */
-		if (cJSON_IsNumber(ws) && ws->valuedouble >= 0) {
-			pthread_mutex_lock(&w->lock);
-			if ((uint64_t)ws->valuedouble > w->seq)
-				w->seq = (uint64_t)ws->valuedouble;
-			pthread_cond_broadcast(&w->cond);
-			pthread_mutex_unlock(&w->lock);
-		}
+		pthread_mutex_lock(&w->lock);
+		if (f.watch_seq > w->seq)
+			w->seq = f.watch_seq;
+		pthread_cond_broadcast(&w->cond);
+		pthread_mutex_unlock(&w->lock);
 		return 0;
 	}
 	rc = premote_change_from_frame(hdr, &c);
@@ -303,7 +268,7 @@ static void *stream_thread(void *arg)
 			w->warned = true;
 		}
 		sbx_error_clear();
-		until = deadline_in(backoff);
+		until = sbx_clock_deadline(CLOCK_MONOTONIC, (int)backoff);
 		while (!w->stop && pthread_cond_timedwait(&w->cond, &w->lock,
 							  &until) != ETIMEDOUT)
 			;
@@ -383,7 +348,8 @@ int premote_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
 		return rc;
 	}
 	/* Wait for the hello (or the failure) of the first stream. */
-	until = deadline_in(premote_http_timeout_ms(s->http) + 1000);
+	until = sbx_clock_deadline(CLOCK_MONOTONIC,
+				   (int)premote_http_timeout_ms(s->http) + 1000);
 	pthread_mutex_lock(&w->lock);
 	while (!w->first_done &&
 	       pthread_cond_timedwait(&w->cond, &w->lock, &until) != ETIMEDOUT)
@@ -480,7 +446,8 @@ int premote_watch_sync(struct sbx_sandbox *sb)
 		if (rc < 0)
 			return rc;
 	}
-	until = deadline_in(premote_http_timeout_ms(s->http));
+	until = sbx_clock_deadline(CLOCK_MONOTONIC,
+				   (int)premote_http_timeout_ms(s->http));
 	pthread_mutex_lock(&w->lock);
 	while (w->seq < target && w->connected && !w->stop) {
 		if (pthread_cond_timedwait(&w->cond, &w->lock, &until) ==

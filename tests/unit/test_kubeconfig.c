@@ -37,39 +37,13 @@
 static const char *const cleared[] = {
 	"KUBECONFIG",       "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
 	"POD_NAMESPACE",    "SBX_KUBE_SA_DIR",         "SBX_KUBE_EXEC_TIMEOUT_MS",
+	NULL,
 };
 
 static char *tmp;      /* this test's directory, also $HOME */
 static char *old_home;
 
-static int setup(void **state)
-{
-	const char *h = getenv("HOME");
-
-	old_home = h ? strdup(h) : NULL;
-	tmp = th_tmpdir();
-	if (!tmp)
-		return -1;
-	setenv("HOME", tmp, 1);
-	for (size_t i = 0; i < sizeof(cleared) / sizeof(cleared[0]); i++)
-		unsetenv(cleared[i]);
-	sbx_error_clear();
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	th_rmrf(tmp);
-	free(tmp);
-	tmp = NULL;
-	if (old_home)
-		setenv("HOME", old_home, 1);
-	free(old_home);
-	old_home = NULL;
-	for (size_t i = 0; i < sizeof(cleared) / sizeof(cleared[0]); i++)
-		unsetenv(cleared[i]);
-	return 0;
-}
+TH_HOME_FIXTURE(tmp, old_home, cleared)
 
 /* ---- helpers --------------------------------------------------------------- */
 

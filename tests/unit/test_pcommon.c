@@ -25,25 +25,6 @@
 #include "pcommon.h"
 #include "test_helpers_i.h"
 
-static int setup(void **state)
-{
-	char *tmp = th_tmpdir();
-
-	if (!tmp)
-		return -1;
-	setenv("SBX_HOME", tmp, 1);
-	*state = tmp;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	th_rmrf(*state);
-	free(*state);
-	unsetenv("SBX_HOME");
-	return 0;
-}
-
 static bool exists(const char *home, const char *rel)
 {
 	char *p = sbx_xasprintf("%s/%s", home, rel);
@@ -380,23 +361,22 @@ static void test_lock_forget(void **state)
 	sbx_session_fini(&s);
 }
 
+/* A test with its own $SBX_HOME. */
+#define HOME_TEST(t)                                                           \
+	cmocka_unit_test_setup_teardown(t, th_sbx_home_setup,                  \
+					th_sbx_home_teardown)
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_env_reserved_names, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_cfg_checkers, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_identity, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_pins, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_snapshot_store, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_info_failed, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_errno_from_curl, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_lock_forget, setup,
-						teardown),
+		HOME_TEST(test_env_reserved_names),
+		HOME_TEST(test_cfg_checkers),
+		HOME_TEST(test_identity),
+		HOME_TEST(test_pins),
+		HOME_TEST(test_snapshot_store),
+		HOME_TEST(test_info_failed),
+		HOME_TEST(test_errno_from_curl),
+		HOME_TEST(test_lock_forget),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,8 @@
 
 #include "sbx/provider.h"
 #include "../../providers/mem/pmem.h"
+#include "test_changes_i.h"
+#include "test_helpers_i.h"
 
 struct env {
 	struct sbx_sandbox *sb;
@@ -49,31 +51,7 @@ static int teardown(void **state)
 }
 
 /* Changes seen by the watch callback. */
-#define MAX_EV 64
-static struct {
-	pthread_mutex_t lock;
-	int n;
-	int kind[MAX_EV];
-	char path[MAX_EV][64];
-} ev = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static void on_change(const struct sbx_change *c, void *payload)
-{
-	pthread_mutex_lock(&ev.lock);
-	if (ev.n < MAX_EV) {
-		ev.kind[ev.n] = c->kind;
-		snprintf(ev.path[ev.n], 64, "%s", c->path ? c->path : "(null)");
-		ev.n++;
-	}
-	pthread_mutex_unlock(&ev.lock);
-}
-
-static void ev_reset(void)
-{
-	pthread_mutex_lock(&ev.lock);
-	ev.n = 0;
-	pthread_mutex_unlock(&ev.lock);
-}
+static struct th_changes ev = TH_CHANGES_INIT;
 
 static void test_create_write_read(void **state)
 {
@@ -403,8 +381,8 @@ static void test_events(void **state)
 	struct sbx_node *n;
 	struct stat st;
 
-	ev_reset();
-	assert_int_equal(e->ops->watch_start(e->sb, on_change, NULL), 0);
+	th_changes_reset(&ev);
+	assert_int_equal(e->ops->watch_start(e->sb, th_changes_record, &ev), 0);
 	assert_true(e->ops->watch_healthy(e->sb));
 	pmem_watch_hold(e->sb, true);
 	assert_int_equal(pmem_ext_write(e->sb, "a", "1", 1), 0);
@@ -418,20 +396,20 @@ static void test_events(void **state)
 	/* watch_sync delivers even while the thread is held. */
 	assert_int_equal(e->ops->watch_sync(e->sb), 0);
 	assert_int_equal(ev.n, 7);
-	assert_int_equal(ev.kind[0], SBX_CHANGE_ENTRY);
-	assert_string_equal(ev.path[0], "a");
-	assert_int_equal(ev.kind[1], SBX_CHANGE_DATA);
-	assert_int_equal(ev.kind[2], SBX_CHANGE_ENTRY);
-	assert_string_equal(ev.path[2], "b");
-	assert_int_equal(ev.kind[3], SBX_CHANGE_ATTR);
-	assert_string_equal(ev.path[4], "b");
-	assert_string_equal(ev.path[5], "c");
-	assert_string_equal(ev.path[6], "d");
+	assert_int_equal(ev.c[0].kind, SBX_CHANGE_ENTRY);
+	assert_string_equal(ev.c[0].path, "a");
+	assert_int_equal(ev.c[1].kind, SBX_CHANGE_DATA);
+	assert_int_equal(ev.c[2].kind, SBX_CHANGE_ENTRY);
+	assert_string_equal(ev.c[2].path, "b");
+	assert_int_equal(ev.c[3].kind, SBX_CHANGE_ATTR);
+	assert_string_equal(ev.c[4].path, "b");
+	assert_string_equal(ev.c[5].path, "c");
+	assert_string_equal(ev.c[6].path, "d");
 	pmem_watch_hold(e->sb, false);
 	pmem_ext_overflow(e->sb);
 	assert_int_equal(e->ops->watch_sync(e->sb), 0);
 	assert_int_equal(ev.n, 8);
-	assert_int_equal(ev.kind[7], SBX_CHANGE_OVERFLOW);
+	assert_int_equal(ev.c[7].kind, SBX_CHANGE_OVERFLOW);
 	pmem_set_healthy(e->sb, false);
 	assert_false(e->ops->watch_healthy(e->sb));
 	e->ops->watch_stop(e->sb);
@@ -441,24 +419,16 @@ static void test_events(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_create_write_read, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_open_is_by_path, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_hard_links_and_ino_reuse,
-						setup, teardown),
+		TH_TEST(test_create_write_read),
+		TH_TEST(test_open_is_by_path),
+		TH_TEST(test_hard_links_and_ino_reuse),
 		cmocka_unit_test(test_no_reuse_policy),
-		cmocka_unit_test_setup_teardown(test_rename_flags, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_readdir_and_bulk, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_bulk_breadth_first, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_faults_and_counters, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_gate_orders_calls, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_events, setup, teardown),
+		TH_TEST(test_rename_flags),
+		TH_TEST(test_readdir_and_bulk),
+		TH_TEST(test_bulk_breadth_first),
+		TH_TEST(test_faults_and_counters),
+		TH_TEST(test_gate_orders_calls),
+		TH_TEST(test_events),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

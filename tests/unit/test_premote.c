@@ -14,6 +14,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,11 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/json.h"
+#include "sbx/proto_bulk.h"
 #include "sbx/provider.h"
-#include "../../providers/remote/premote_i.h"
+#include "../../providers/remote/premote_fs_i.h"
 #include "test_helpers_i.h"
 
 /* ---- a canned HTTP responder ---------------------------------------------- */
@@ -37,6 +40,7 @@
 struct canned {
 	const char *path;     /* request path prefix */
 	const char *response; /* raw HTTP response */
+	size_t len;           /* its length; 0: strlen (no NUL inside) */
 };
 
 struct fake {
@@ -79,13 +83,15 @@ static void *fake_thread(void *arg)
 		const char *sp = strchr(req, ' ');
 		const char *ans = "HTTP/1.1 500 Nope\r\nContent-Length: 0\r\n"
 				  "Connection: close\r\n\r\n";
+		size_t alen = 0;
 
 		for (const struct canned *t = f->table; sp && t && t->path; t++)
 			if (!strncmp(sp + 1, t->path, strlen(t->path))) {
 				ans = t->response;
+				alen = t->len;
 				break;
 			}
-		if (write(c, ans, strlen(ans)) < 0) {
+		if (write(c, ans, alen ? alen : strlen(ans)) < 0) {
 			/* the client went away */
 		}
 		f->served++;
@@ -113,10 +119,14 @@ static void fake_start(struct fake *f, const struct canned *table,
 	assert_int_equal(pthread_create(&f->thread, NULL, fake_thread, f), 0);
 }
 
+/* Stop serving (the port then refuses connections); idempotent. */
 static void fake_stop(struct fake *f)
 {
+	if (f->fd < 0)
+		return;
 	shutdown(f->fd, SHUT_RDWR);
 	close(f->fd);
+	f->fd = -1;
 	pthread_join(f->thread, NULL);
 }
 
@@ -338,21 +348,49 @@ static struct sbx_provider *remote_provider(const char *url, const char *tf,
 	return p;
 }
 
+/* A remote provider on a fake agent, with its token file in a fresh
+ * directory: what the provider-level tests start from. */
+struct rfx {
+	char *dir, *tf, *url;
+	struct fake f;
+	struct sbx_provider *p;
+};
+
+static struct sbx_provider *rfx_start(struct rfx *x, const char *token,
+				      const struct canned *table, bool silent,
+				      double timeout)
+{
+	x->dir = th_tmpdir();
+	x->tf = write_token(x->dir, token);
+	fake_start(&x->f, table, silent);
+	assert_true(asprintf(&x->url, "http://127.0.0.1:%d", x->f.port) > 0);
+	x->p = remote_provider(x->url, x->tf, timeout);
+	return x->p;
+}
+
+static void rfx_stop(struct rfx *x)
+{
+	sbx_error_clear();
+	sbx_provider_free(x->p);
+	fake_stop(&x->f);
+	free(x->url);
+	free(x->tf);
+	th_rmrf(x->dir);
+	free(x->dir);
+}
+
 static void test_unreachable(void **state)
 {
-	char *dir = th_tmpdir(), *tf = write_token(dir, "tok\n"), *url;
 	struct sbx_sandbox_info info;
 	struct sbx_create_opts co = { .session = "s1" };
-	struct sbx_provider *p;
+	struct rfx x;
+	struct sbx_provider *p = rfx_start(&x, "tok\n", NULL, false, 5);
+	const char *url = x.url;
 	struct sbx_sandbox *sb = NULL;
-	struct fake f;
 	int rc;
 
 	/* A port nobody listens on: refused at once. */
-	fake_start(&f, NULL, false);
-	fake_stop(&f);
-	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
-	p = remote_provider(url, tf, 5);
+	fake_stop(&x.f);
 	rc = p->ops->create(p, &co, &info);
 	assert_int_equal(rc, -ECONNREFUSED);
 	assert_int_equal(sbx_error_last()->klass, SBX_ERR_HTTP);
@@ -378,27 +416,18 @@ static void test_unreachable(void **state)
 	assert_int_equal(p->ops->snapshot(p, "s1", "m", &id), -ENOTSUP);
 	assert_null(id);
 	assert_non_null(strstr(sbx_error_last()->msg, "snapshots"));
-	sbx_error_clear();
-	sbx_provider_free(p);
-	free(url);
-	free(tf);
-	th_rmrf(dir);
-	free(dir);
+	rfx_stop(&x);
 }
 
 static void test_timeout_bound(void **state)
 {
-	char *dir = th_tmpdir(), *tf = write_token(dir, "tok\n"), *url;
 	struct sbx_sandbox_info info;
 	struct sbx_create_opts co = { .session = "s1" };
-	struct sbx_provider *p;
+	struct rfx x;
+	struct sbx_provider *p = rfx_start(&x, "tok\n", NULL, true, 0.3);
 	struct timespec t0, t1;
-	struct fake f;
 	double el;
 
-	fake_start(&f, NULL, true);
-	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
-	p = remote_provider(url, tf, 0.3);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	assert_int_equal(p->ops->create(p, &co, &info), -ETIMEDOUT);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -406,38 +435,22 @@ static void test_timeout_bound(void **state)
 	     (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	assert_true(el < 1.5); /* the 0.3 s bound, not a hang */
 	assert_non_null(strstr(sbx_error_last()->msg, "in time"));
-	sbx_error_clear();
-	sbx_provider_free(p);
-	fake_stop(&f);
-	free(url);
-	free(tf);
-	th_rmrf(dir);
-	free(dir);
+	rfx_stop(&x);
 }
 
 static void test_token_refused(void **state)
 {
-	char *dir = th_tmpdir(), *tf = write_token(dir, "wrong\n"), *url;
 	struct sbx_sandbox_info info;
 	struct sbx_create_opts co = { .session = "s1" };
-	struct sbx_provider *p;
-	struct fake f;
+	struct rfx x;
+	struct sbx_provider *p = rfx_start(&x, "wrong\n", refusing, false, 5);
 
-	fake_start(&f, refusing, false);
-	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
-	p = remote_provider(url, tf, 5);
 	assert_int_equal(p->ops->create(p, &co, &info), -EACCES);
 	assert_int_equal(sbx_error_last()->klass, SBX_ERR_CONFIG);
 	assert_non_null(strstr(sbx_error_last()->msg, "refused the token"));
-	assert_non_null(strstr(sbx_error_last()->msg, tf));
+	assert_non_null(strstr(sbx_error_last()->msg, x.tf));
 	assert_null(strstr(sbx_error_last()->msg, "wrong"));
-	sbx_error_clear();
-	sbx_provider_free(p);
-	fake_stop(&f);
-	free(url);
-	free(tf);
-	th_rmrf(dir);
-	free(dir);
+	rfx_stop(&x);
 }
 
 static void test_proxy_and_agent_errors(void **state)
@@ -577,6 +590,293 @@ static void test_exit_status(void **state)
 	sbx_error_clear();
 }
 
+/* ---- a data plane on a canned agent ------------------------------------------ */
+
+static struct stat mkst(mode_t mode, uint64_t ino, off_t size)
+{
+	struct stat st;
+
+	memset(&st, 0, sizeof(st));
+	st.st_mode = mode;
+	st.st_ino = (ino_t)ino;
+	st.st_dev = 5;
+	st.st_nlink = S_ISDIR(mode) ? 2 : 1;
+	st.st_size = size;
+	st.st_mtim.tv_sec = 1700000000;
+	return st;
+}
+
+/* A remote sandbox whose agent is `table` (served by `f`), root ino 1. */
+static struct sbx_sandbox *canned_sandbox(struct fake *f,
+					  const struct canned *table)
+{
+	struct premote_config cfg = { .timeout_ms = 5000,
+				      .connect_timeout_ms = 5000 };
+	struct premote_info info;
+	struct premote_http *h = NULL;
+	struct sbx_sandbox *sb = NULL;
+
+	fake_start(f, table, false);
+	assert_true(asprintf(&cfg.url, "http://127.0.0.1:%d", f->port) > 0);
+	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	memset(&info, 0, sizeof(info));
+	info.root = strdup("/srv");
+	info.cap_bulk = true;
+	info.has_root_st = true;
+	info.root_st = mkst(S_IFDIR | 0755, 1, 0);
+	assert_int_equal(premote_sandbox_open(&sb, "s1", &cfg, h, &info), 0);
+	return sb;
+}
+
+static void test_st_dev_from_url(void **state)
+{
+	static const struct canned none[] = { {NULL, NULL, 0} };
+	struct fake f;
+	struct sbx_sandbox *sb = canned_sandbox(&f, none);
+	struct premote_sandbox *s = PREMOTE_SB(sb);
+	uint64_t h = 1469598103934665603ull;
+	struct stat st = mkst(S_IFREG | 0644, 42, 0);
+
+	/* The formula st_dev always had (users' tools saw these numbers). */
+	for (const char *p = s->cfg.url; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	assert_int_equal(s->dev, (dev_t)((mix64(h) & 0xffffffffu) | 1u));
+	premote_fix_stat(s, &st);
+	assert_int_equal(st.st_dev, s->dev);
+	assert_int_equal(st.st_ino, 42);
+	sbx_sandbox_free(sb);
+	fake_stop(&f);
+}
+
+static void test_node_table(void **state)
+{
+	static const struct canned none[] = { {NULL, NULL, 0} };
+	struct fake f;
+	struct sbx_sandbox *sb = canned_sandbox(&f, none);
+	struct premote_sandbox *s = PREMOTE_SB(sb);
+	struct stat d = mkst(S_IFDIR | 0755, 10, 0);
+	struct stat r = mkst(S_IFREG | 0644, 11, 0);
+	struct stat l = mkst(S_IFREG | 0644, 12, 0);
+	struct stat rt = mkst(S_IFDIR | 0755, 1, 0);
+	struct premote_node *nd, *nr, *again, *nl, *many[3000];
+	char *p;
+
+	/* The root under any name is the root. */
+	assert_ptr_equal(premote_node_get(s, "x", &rt), &s->root);
+	assert_int_equal(premote_ino_at(s, ""), 1);
+
+	nd = premote_node_get(s, "a", &d);
+	nr = premote_node_get(s, "a/f", &r);
+	assert_int_equal(premote_ino_at(s, "a"), 10);
+	assert_int_equal(premote_ino_at(s, "a/f"), 11);
+	assert_int_equal(premote_ino_at(s, "b"), 0);
+	/* One node per ino, whatever name it is found under. */
+	again = premote_node_get(s, "a", &d);
+	assert_ptr_equal(again, nd);
+	premote_node_put(s, again);
+
+	/* A directory found under a new name takes its subtree along. */
+	again = premote_node_get(s, "b", &d);
+	assert_ptr_equal(again, nd);
+	premote_node_put(s, again);
+	assert_int_equal(premote_ino_at(s, "a"), 0);
+	assert_int_equal(premote_ino_at(s, "b/f"), 11);
+	p = premote_npath(s, (struct sbx_node *)nr);
+	assert_string_equal(p, "b/f");
+	free(p);
+
+	/* Two nodes at one path (a stale one): the newest answers. */
+	nl = premote_node_get(s, "b/f", &l);
+	assert_int_equal(premote_ino_at(s, "b/f"), 12);
+	premote_node_put(s, nl);
+	assert_int_equal(premote_ino_at(s, "b/f"), 11);
+
+	/* Swap (RENAME_EXCHANGE) through the lock-held mover. */
+	nl = premote_node_get(s, "c", &l);
+	pthread_mutex_lock(&s->nodes_lock);
+	premote_move_locked(s, "b", "c", true);
+	pthread_mutex_unlock(&s->nodes_lock);
+	assert_int_equal(premote_ino_at(s, "c"), 10);
+	assert_int_equal(premote_ino_at(s, "c/f"), 11);
+	assert_int_equal(premote_ino_at(s, "b"), 12);
+
+	/* Growth keeps every node findable. */
+	for (size_t i = 0; i < 3000; i++) {
+		struct stat st = mkst(S_IFREG | 0644, 100 + i, 0);
+		char name[32];
+
+		snprintf(name, sizeof(name), "many/%zu", i);
+		many[i] = premote_node_get(s, name, &st);
+	}
+	assert_int_equal(sbx_hashmap_count(&s->by_ino), 3003);
+	assert_int_equal(sbx_hashmap_count(&s->by_path), 3003);
+	assert_int_equal(premote_ino_at(s, "many/2999"), 3099);
+	for (size_t i = 0; i < 3000; i += 2)
+		premote_node_put(s, many[i]);
+	assert_int_equal(premote_ino_at(s, "many/0"), 0);
+	assert_int_equal(premote_ino_at(s, "many/1"), 101);
+
+	/* The references left (odd ones, nd, nr, nl): freed with the
+	 * sandbox, as when the daemon exits without forgetting. */
+	sbx_sandbox_free(sb);
+	fake_stop(&f);
+}
+
+struct walk {
+	char seen[8][64];
+	size_t n;
+	size_t nentries[8];
+	char data[16];
+};
+
+static int walk_cb(const struct sbx_bulk_item *it, void *payload)
+{
+	struct walk *w = payload;
+
+	assert_true(w->n < 8);
+	snprintf(w->seen[w->n], sizeof(w->seen[0]), "%s:%s",
+		 it->kind == SBX_BULK_DIR ? "dir" : "file", it->path);
+	w->nentries[w->n] = it->nentries;
+	if (it->kind == SBX_BULK_FILE)
+		snprintf(w->data, sizeof(w->data), "%.*s", (int)it->len,
+			 (const char *)it->data);
+	w->n++;
+	return 0;
+}
+
+static void add_frame(struct sbx_buf *b, const struct sbx_bulk_frame *f,
+		      const void *data, size_t len)
+{
+	cJSON *hdr = sbx_bulk_frame_encode(f);
+
+	assert_non_null(hdr);
+	assert_int_equal(sbx_frame_encode(b, hdr, data, len), 0);
+	cJSON_Delete(hdr);
+}
+
+/* An HTTP answer carrying `body` (frames), malloc'd; *len its length. */
+static char *frames_answer(struct sbx_buf *body, size_t *len)
+{
+	char *head, *ans;
+	int hl;
+
+	hl = asprintf(&head, "HTTP/1.1 200 OK\r\nX-Sbx-Agent: sbx-agent/0.1.0"
+			     "\r\nContent-Type: application/octet-stream\r\n"
+			     "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+		      sbx_buf_len(body));
+	assert_true(hl > 0);
+	*len = (size_t)hl + sbx_buf_len(body);
+	ans = malloc(*len);
+	assert_non_null(ans);
+	memcpy(ans, head, (size_t)hl);
+	memcpy(ans + hl, sbx_buf_ptr(body), sbx_buf_len(body));
+	free(head);
+	return ans;
+}
+
+/*
+ * docs/protocol.md, "Bulk": a subdirectory that cannot be read gives an
+ * error frame and the walk goes on.  The client skips that directory (not
+ * delivered, so never taken for empty) and delivers the rest; an error
+ * frame for the start directory itself is the walk's error.
+ */
+static void test_bulk_walk_past_unreadable_dir(void **state)
+{
+	struct stat root = mkst(S_IFDIR | 0755, 1, 0);
+	struct stat locked = mkst(S_IFDIR | 0000, 2, 0);
+	struct stat z = mkst(S_IFDIR | 0755, 3, 0);
+	struct stat zf = mkst(S_IFREG | 0644, 4, 3);
+	struct sbx_bulk_opts o = { 0, 0, -1 };
+	struct sbx_bulk_frame f;
+	struct sbx_buf walk, start;
+	struct canned table[3];
+	struct fake fk;
+	struct walk w;
+	cJSON *ents;
+	char *a1, *a2;
+	size_t l1, l2;
+	struct sbx_sandbox *sb;
+
+	sbx_buf_init(&walk, SIZE_MAX);
+	sbx_buf_init(&start, SIZE_MAX);
+	/* The whole tree: "", "locked" (unreadable), "z", "z/f". */
+	ents = cJSON_CreateArray();
+	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("locked", &locked));
+	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("z", &z));
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR;
+	f.path = "";
+	f.st = root;
+	f.entries = ents;
+	add_frame(&walk, &f, NULL, 0);
+	cJSON_Delete(ents);
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR_ERROR;
+	f.path = "locked";
+	f.error = -EACCES;
+	f.message = "list locked: Permission denied";
+	add_frame(&walk, &f, NULL, 0);
+	ents = cJSON_CreateArray();
+	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("f", &zf));
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR;
+	f.path = "z";
+	f.st = z;
+	f.entries = ents;
+	add_frame(&walk, &f, NULL, 0);
+	cJSON_Delete(ents);
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_FILE;
+	f.path = "z/f";
+	f.st = zf;
+	add_frame(&walk, &f, "abc", 3);
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_END;
+	f.watch_seq = 7;
+	add_frame(&walk, &f, NULL, 0);
+	/* A walk from "locked" itself: its error, then the end. */
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR_ERROR;
+	f.path = "locked";
+	f.error = -EACCES;
+	f.message = "list locked: Permission denied";
+	add_frame(&start, &f, NULL, 0);
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_END;
+	add_frame(&start, &f, NULL, 0);
+
+	a1 = frames_answer(&walk, &l1);
+	a2 = frames_answer(&start, &l2);
+	table[0] = (struct canned){ "/v1/fs/bulk?path=locked", a2, l2 };
+	table[1] = (struct canned){ "/v1/fs/bulk", a1, l1 };
+	table[2] = (struct canned){ NULL, NULL, 0 };
+	sb = canned_sandbox(&fk, table);
+
+	memset(&w, 0, sizeof(w));
+	assert_int_equal(sb->ops->bulk(sb, "", &o, walk_cb, &w), 0);
+	assert_int_equal(w.n, 3);
+	assert_string_equal(w.seen[0], "dir:");
+	assert_int_equal(w.nentries[0], 2);
+	assert_string_equal(w.seen[1], "dir:z");
+	assert_int_equal(w.nentries[1], 1);
+	assert_string_equal(w.seen[2], "file:z/f");
+	assert_string_equal(w.data, "abc");
+
+	memset(&w, 0, sizeof(w));
+	assert_int_equal(sb->ops->bulk(sb, "locked", &o, walk_cb, &w),
+			 -EACCES);
+	assert_int_equal(w.n, 0);
+	assert_non_null(strstr(sbx_error_last()->msg, "Permission denied"));
+	sbx_error_clear();
+
+	sbx_sandbox_free(sb);
+	fake_stop(&fk);
+	free(a1);
+	free(a2);
+	sbx_buf_fini(&walk);
+	sbx_buf_fini(&start);
+}
+
 static void test_registry(void **state)
 {
 	const char *const *names = sbx_provider_names();
@@ -606,6 +906,9 @@ int main(void)
 		cmocka_unit_test(test_change_from_frame),
 		cmocka_unit_test(test_exit_status),
 		cmocka_unit_test(test_registry),
+		cmocka_unit_test(test_st_dev_from_url),
+		cmocka_unit_test(test_node_table),
+		cmocka_unit_test(test_bulk_walk_past_unreadable_dir),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

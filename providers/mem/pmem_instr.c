@@ -1,0 +1,462 @@
+/*
+ * The in-memory sandbox's instrumentation (call counters, injected faults,
+ * the hook and the gate) and its change stream; see pmem.h and pmem_i.h.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sbx/clock.h"
+#include "sbx/proto.h"
+#include "sbx/provider.h"
+#include "sbx/xmalloc.h"
+
+#include "pmem_i.h"
+
+static const char *const op_names[OP_COUNT] = {
+	"lookup", "forget", "getattr", "setattr", "readlink", "mknod",
+	"mkdir", "symlink", "link", "unlink", "rmdir", "rename",
+	"open", "create", "read", "write", "flush", "fsync",
+	"release", "fallocate", "lseek", "opendir", "readdir",
+	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
+	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
+};
+
+static int op_index(const char *name)
+{
+	for (int i = 0; i < OP_COUNT; i++)
+		if (strcmp(op_names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* ---- instrumentation ----------------------------------------------------- */
+
+/*
+ * Start of an operation: gate, hook, counter, fault (see pmem.h).  Returns
+ * 0 or the injected error.  Called without s->lock.
+ */
+int pmem_enter(struct pmem *s, enum op op, const char *path)
+{
+	pmem_hook_fn hook;
+	void *payload;
+	struct fault *f;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->gate_op == (int)op && !s->gate_parked && !s->gate_open &&
+	    (!s->gate_path || strcmp(s->gate_path, path) == 0)) {
+		s->gate_parked = true;
+		pthread_cond_broadcast(&s->gate_cond);
+		while (!s->gate_open)
+			pthread_cond_wait(&s->gate_cond, &s->lock);
+		/* Disarmed: the next arm starts afresh. */
+		s->gate_op = -1;
+		s->gate_parked = false;
+		s->gate_open = false;
+		free(s->gate_path);
+		s->gate_path = NULL;
+		pthread_cond_broadcast(&s->gate_cond);
+	}
+	hook = s->hook;
+	payload = s->hook_payload;
+	pthread_mutex_unlock(&s->lock);
+
+	if (hook)
+		hook(op_names[op], path, payload);
+
+	pthread_mutex_lock(&s->lock);
+	s->calls[op]++;
+	f = &s->faults[op];
+	if (f->count != 0 && f->err) {
+		rc = f->err;
+		if (f->count > 0)
+			f->count--;
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (rc)
+		return sbx_error_set(SBX_ERR_REMOTE, rc, "%s %s: injected",
+				     op_names[op], path);
+	return 0;
+}
+
+int pmem_path_op(struct pmem *s, enum op op, const char *path,
+		 pmem_locked_fn fn, void *arg)
+{
+	int rc = pmem_enter(s, op, path);
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&s->lock);
+	rc = fn(s, path, arg);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int pmem_child_op(struct pmem *s, enum op op, struct sbx_node *parent,
+		  const char *name, pmem_locked_fn fn, void *arg,
+		  struct sbx_node **out)
+{
+	char *path;
+	int rc;
+
+	if (out)
+		*out = NULL;
+	rc = pmem_child(parent, name, &path);
+	if (rc < 0)
+		return rc;
+	rc = pmem_path_op(s, op, path, fn, arg);
+	if (rc == 0 && out)
+		*out = (struct sbx_node *)pmem_node_new(path);
+	free(path);
+	return rc;
+}
+
+int pmem_fail(struct sbx_sandbox *sb, const char *op, int neg_errno, int count)
+{
+	struct pmem *s = PMEM(sb);
+	int i = op_index(op);
+
+	if (i < 0 || neg_errno > 0)
+		return sbx_error_set(SBX_ERR_INTERNAL, -EINVAL,
+				     "pmem_fail: bad op '%s' or errno %d", op,
+				     neg_errno);
+	pthread_mutex_lock(&s->lock);
+	s->faults[i].err = count ? neg_errno : 0;
+	s->faults[i].count = neg_errno ? count : 0;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+unsigned long pmem_calls(struct sbx_sandbox *sb, const char *op)
+{
+	struct pmem *s = PMEM(sb);
+	int i = op_index(op);
+	unsigned long n;
+
+	if (i < 0)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	n = s->calls[i];
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+void pmem_calls_reset(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+
+	pthread_mutex_lock(&s->lock);
+	memset(s->calls, 0, sizeof(s->calls));
+	pthread_mutex_unlock(&s->lock);
+}
+
+void pmem_set_hook(struct sbx_sandbox *sb, pmem_hook_fn fn, void *payload)
+{
+	struct pmem *s = PMEM(sb);
+
+	pthread_mutex_lock(&s->lock);
+	s->hook = fn;
+	s->hook_payload = payload;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int pmem_gate_arm(struct sbx_sandbox *sb, const char *op, const char *path)
+{
+	struct pmem *s = PMEM(sb);
+	int i = op_index(op);
+
+	if (i < 0)
+		return sbx_error_set(SBX_ERR_INTERNAL, -EINVAL,
+				     "pmem_gate_arm: unknown op '%s'", op);
+	pthread_mutex_lock(&s->lock);
+	if (s->gate_parked) {
+		pthread_mutex_unlock(&s->lock);
+		return sbx_error_set(SBX_ERR_INTERNAL, -EBUSY,
+				     "pmem_gate_arm: a call is parked");
+	}
+	free(s->gate_path);
+	s->gate_path = path ? sbx_xstrdup(path) : NULL;
+	s->gate_op = i;
+	s->gate_open = false;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int pmem_gate_wait(struct sbx_sandbox *sb, int timeout_ms)
+{
+	struct pmem *s = PMEM(sb);
+	struct timespec until = sbx_clock_deadline(CLOCK_REALTIME, timeout_ms);
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lock);
+	while (!s->gate_parked && rc == 0)
+		rc = pthread_cond_timedwait(&s->gate_cond, &s->lock, &until);
+	rc = s->gate_parked ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+void pmem_gate_release(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+
+	pthread_mutex_lock(&s->lock);
+	if (s->gate_parked) {
+		s->gate_open = true;
+		pthread_cond_broadcast(&s->gate_cond);
+	} else {
+		s->gate_op = -1;
+		free(s->gate_path);
+		s->gate_path = NULL;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void pmem_gate_fini(struct pmem *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->gate_parked) {
+		s->gate_open = true;
+		pthread_cond_broadcast(&s->gate_cond);
+		while (s->gate_parked)
+			pthread_cond_wait(&s->gate_cond, &s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	free(s->gate_path);
+	s->gate_path = NULL;
+	pthread_cond_destroy(&s->gate_cond);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+/* Queue a change.  Caller holds s->lock.  `path` NULL for OVERFLOW. */
+void pmem_emit_locked(struct pmem *s, int kind, const char *path)
+{
+	struct pevent *e;
+
+	if (!s->watching)
+		return;
+	e = sbx_xcalloc(1, sizeof(*e));
+	e->seq = ++s->seq;
+	e->kind = kind;
+	e->path = path ? sbx_xstrdup(path) : NULL;
+	if (s->ev_tail)
+		s->ev_tail->next = e;
+	else
+		s->ev_head = e;
+	s->ev_tail = e;
+	s->ev_count++;
+	pthread_cond_broadcast(&s->ev_cond);
+}
+
+static void event_free(struct pevent *e)
+{
+	if (e) {
+		free(e->path);
+		free(e);
+	}
+}
+
+static void deliver_one(struct pmem *s, sbx_change_cb cb, void *payload,
+			struct pevent *e)
+{
+	struct sbx_change c;
+
+	memset(&c, 0, sizeof(c));
+	c.seq = e->seq;
+	c.kind = e->kind;
+	c.path = e->path;
+	if (e->kind == SBX_CHANGE_ENTRY && e->path) {
+		const char *slash = strrchr(e->path, '/');
+
+		c.name = slash ? slash + 1 : e->path;
+	}
+	if (cb)
+		cb(&c, payload);
+}
+
+/*
+ * Deliver queued events with seq <= upto.  Caller holds s->deliver, not
+ * s->lock.
+ */
+static void deliver_upto(struct pmem *s, uint64_t upto)
+{
+	for (;;) {
+		struct pevent *e;
+		sbx_change_cb cb;
+		void *payload;
+
+		pthread_mutex_lock(&s->lock);
+		e = s->ev_head;
+		if (!e || e->seq > upto) {
+			pthread_mutex_unlock(&s->lock);
+			return;
+		}
+		s->ev_head = e->next;
+		if (!s->ev_head)
+			s->ev_tail = NULL;
+		s->ev_count--;
+		cb = s->cb;
+		payload = s->cb_payload;
+		pthread_mutex_unlock(&s->lock);
+		deliver_one(s, cb, payload, e);
+		event_free(e);
+	}
+}
+
+static void *watch_thread(void *arg)
+{
+	struct pmem *s = arg;
+
+	for (;;) {
+		uint64_t upto;
+
+		pthread_mutex_lock(&s->lock);
+		while (!s->stopping && (s->held || !s->ev_head))
+			pthread_cond_wait(&s->ev_cond, &s->lock);
+		if (s->stopping) {
+			pthread_mutex_unlock(&s->lock);
+			return NULL;
+		}
+		upto = s->seq;
+		pthread_mutex_unlock(&s->lock);
+		pthread_mutex_lock(&s->deliver);
+		deliver_upto(s, upto);
+		pthread_mutex_unlock(&s->deliver);
+	}
+}
+
+void pmem_watch_hold(struct sbx_sandbox *sb, bool hold)
+{
+	struct pmem *s = PMEM(sb);
+
+	pthread_mutex_lock(&s->lock);
+	s->held = hold;
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+size_t pmem_watch_pending(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+	size_t n;
+
+	pthread_mutex_lock(&s->lock);
+	n = s->ev_count;
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+void pmem_set_healthy(struct sbx_sandbox *sb, bool healthy)
+{
+	__atomic_store_n(&PMEM(sb)->healthy, healthy, __ATOMIC_RELEASE);
+}
+
+/* ---- watch --------------------------------------------------------------- */
+
+int pmem_op_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
+			void *payload)
+{
+	struct pmem *s = PMEM(sb);
+	int rc = pmem_enter(s, OP_WATCH_START, "");
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&s->lock);
+	if (s->watching) {
+		pthread_mutex_unlock(&s->lock);
+		return sbx_error_set(SBX_ERR_REMOTE, -EBUSY,
+				     "the change stream is already on");
+	}
+	s->cb = cb;
+	s->cb_payload = payload;
+	s->stopping = false;
+	__atomic_store_n(&s->watching, true, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&s->lock);
+	rc = pthread_create(&s->thread, NULL, watch_thread, s);
+	if (rc != 0) {
+		pthread_mutex_lock(&s->lock);
+		__atomic_store_n(&s->watching, false, __ATOMIC_RELEASE);
+		s->cb = NULL;
+		pthread_mutex_unlock(&s->lock);
+		return sbx_error_set(SBX_ERR_OS, -rc,
+				     "cannot start the watch thread");
+	}
+	return 0;
+}
+
+int pmem_op_watch_sync(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+	uint64_t upto;
+	int rc = pmem_enter(s, OP_WATCH_SYNC, "");
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&s->lock);
+	upto = s->seq;
+	if (!s->watching) {
+		pthread_mutex_unlock(&s->lock);
+		return sbx_error_set(SBX_ERR_REMOTE, -EIO,
+				     "the change stream is off");
+	}
+	pthread_mutex_unlock(&s->lock);
+	/* Whatever the thread took is delivered once we hold this. */
+	pthread_mutex_lock(&s->deliver);
+	deliver_upto(s, upto);
+	pthread_mutex_unlock(&s->deliver);
+	return 0;
+}
+
+void pmem_watch_fini(struct pmem *s)
+{
+	bool joining;
+
+	pthread_mutex_lock(&s->lock);
+	joining = s->watching;
+	s->stopping = true;
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->lock);
+	if (joining)
+		pthread_join(s->thread, NULL);
+	pthread_mutex_lock(&s->lock);
+	while (s->ev_head) {
+		struct pevent *e = s->ev_head;
+
+		s->ev_head = e->next;
+		event_free(e);
+	}
+	s->ev_tail = NULL;
+	s->ev_count = 0;
+	__atomic_store_n(&s->watching, false, __ATOMIC_RELEASE);
+	s->cb = NULL;
+	s->cb_payload = NULL;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void pmem_op_watch_stop(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+
+	(void)pmem_enter(s, OP_WATCH_STOP, "");
+	sbx_error_clear();
+	pmem_watch_fini(s);
+}
+
+bool pmem_op_watch_healthy(struct sbx_sandbox *sb)
+{
+	struct pmem *s = PMEM(sb);
+
+	return __atomic_load_n(&s->watching, __ATOMIC_ACQUIRE) &&
+	       __atomic_load_n(&s->healthy, __ATOMIC_ACQUIRE);
+}
