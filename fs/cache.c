@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sbx/fs.h"
 #include "sbx/log.h"
 #include "sbx/paths.h"
 #include "sbx/provider.h"
@@ -79,8 +80,7 @@ int cache_inner_stat(struct cache *c, const char *path, struct stat *st)
 	return rc;
 }
 
-/* The path of n for an operation on it; NULL (error set) when it has none. */
-static char *op_path(struct cache *c, struct cnode *n)
+char *cache_op_path(struct cache *c, struct cnode *n)
 {
 	char *p;
 
@@ -93,23 +93,28 @@ static char *op_path(struct cache *c, struct cnode *n)
 	return p;
 }
 
-/* Run `call` on the inner node of n's path; see op_path. */
-#define ON_INNER(c, n, inode, call)                                            \
-	({                                                                     \
-		char *p_ = op_path(c, n);                                      \
-		long r_;                                                       \
-		if (!p_) {                                                     \
-			r_ = -ESTALE;                                          \
-		} else {                                                       \
-			r_ = cache_inner_node(c, p_, &(inode));                \
-			free(p_);                                              \
-			if (r_ == 0) {                                         \
-				r_ = (call);                                   \
-				(c)->inner->ops->forget((c)->inner, inode);    \
-			}                                                      \
-		}                                                              \
-		r_;                                                            \
-	})
+int cache_inner_node_of(struct cache *c, struct cnode *n,
+			struct sbx_node **out)
+{
+	char *p = cache_op_path(c, n);
+	int rc;
+
+	if (!p)
+		return -ESTALE;
+	rc = cache_inner_node(c, p, out);
+	free(p);
+	return rc;
+}
+
+char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
+			const char *what)
+{
+	*gen = c->events;
+	cache_unlock(c);
+	if (!path)
+		sbx_error_set(SBX_ERR_REMOTE, -ESTALE, "%s was replaced", what);
+	return path;
+}
 
 /*
  * The sandbox says n's path is gone while the tree (and so the kernel's
@@ -121,7 +126,7 @@ static char *op_path(struct cache *c, struct cnode *n)
  * removed in the sandbox) ESTALE is what NFS says too.  The O_TRUNC of an
  * open arrives as a setattr on the just-opened file: the retry reopens.
  */
-static int stale_or(struct cache *c, struct cnode *n, int rc)
+int cache_stale_or(struct cache *c, struct cnode *n, int rc)
 {
 	bool retry = false;
 
@@ -141,6 +146,14 @@ static int stale_or(struct cache *c, struct cnode *n, int rc)
 	return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
 			     "'%s' was removed in the sandbox; look it up again",
 			     n->name);
+}
+
+int cache_check_name(const char *name)
+{
+	if (strlen(name) > NAME_MAX)
+		return sbx_error_set(SBX_ERR_REMOTE, -ENAMETOOLONG,
+				     "a name has at most %d bytes", NAME_MAX);
+	return 0;
 }
 
 /* ---- lookups and attributes ---------------------------------------------- */
@@ -164,9 +177,9 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
 		return sbx_error_set(SBX_ERR_INTERNAL, -EINVAL,
 				     "lookup of '%s'", name);
-	if (strlen(name) > NAME_MAX)
-		return sbx_error_set(SBX_ERR_REMOTE, -ENAMETOOLONG,
-				     "a name has at most %d bytes", NAME_MAX);
+	rc = cache_check_name(name);
+	if (rc < 0)
+		return rc;
 	cache_lock(c);
 	if (!dir->prefetched && !dir->complete)
 		list_prefetch(c, dir);
@@ -196,12 +209,10 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		cache_unlock(c);
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOENT, "no '%s'", name);
 	}
-	path = tree_child_path(dir, name);
-	gen = c->events;
-	cache_unlock(c);
+	path = cache_unlock_path(c, tree_child_path(dir, name), &gen,
+				 "directory");
 	if (!path)
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "directory was replaced");
+		return -ESTALE;
 	rc = cache_inner_stat(c, path, &fst);
 	free(path);
 	cache_lock(c);
@@ -255,16 +266,13 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		cache_unlock(c);
 		return 0;
 	}
-	path = tree_path_of(n);
-	gen = c->events;
-	cache_unlock(c);
+	path = cache_unlock_path(c, tree_path_of(n), &gen, "file");
 	if (!path)
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "file was replaced");
+		return -ESTALE;
 	rc = cache_inner_stat(c, path, &fst);
 	free(path);
 	if (rc < 0)
-		return stale_or(c, n, rc);
+		return cache_stale_or(c, n, rc);
 	cache_lock(c);
 	tree_refresh_st(c, n, &fst);
 	if (gen != c->events)
@@ -295,7 +303,7 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		cache_lock(c);
 		tree_invalidate_file(n);
 		cache_unlock(c);
-		return stale_or(c, n, rc);
+		return cache_stale_or(c, n, rc);
 	}
 	cache_lock(c);
 	tree_refresh_st(c, n, out);
@@ -336,323 +344,7 @@ static int c_readlink(struct sbx_sandbox *sb, struct sbx_node *node, char *buf,
 		n->link = sbx_xstrndup(buf, (size_t)rc);
 		cache_unlock(c);
 	}
-	return rc < 0 ? stale_or(c, n, rc) : rc;
-}
-
-/* ---- entries ------------------------------------------------------------- */
-
-/*
- * After an inner call created `name` in dir with attributes st: record the
- * entry, and note that dir itself changed.
- */
-static struct cnode *created(struct cache *c, struct cnode *dir,
-			     const char *name, const struct stat *st)
-{
-	struct cnode *k;
-
-	cache_lock(c);
-	k = tree_name_st(c, dir, name, st);
-	content_drop(c, k);
-	dir->st_valid = false;
-	cache_unlock(c);
-	return k;
-}
-
-/* Evaluate `call` (an int rc) expecting an entry event for dir/name. */
-#define EXPECTING(c, dir, name, call)                                          \
-	({                                                                     \
-		struct expect *x_ = change_expect(c, dir, name);               \
-		int rx_ = (int)(call);                                         \
-		if (rx_ < 0)                                                   \
-			change_expect_cancel(c, x_);                           \
-		rx_;                                                           \
-	})
-
-static int check_name(const char *name)
-{
-	if (strlen(name) > NAME_MAX)
-		return sbx_error_set(SBX_ERR_REMOTE, -ENAMETOOLONG,
-				     "a name has at most %d bytes", NAME_MAX);
-	return 0;
-}
-
-static int finish_create(struct cache *c, struct cnode *dir, const char *name,
-			 struct sbx_node *made, struct stat *st,
-			 struct sbx_node **out, int rc)
-{
-	if (rc < 0)
-		return rc;
-	c->inner->ops->forget(c->inner, made);
-	*out = (struct sbx_node *)created(c, dir, name, st);
-	return 0;
-}
-
-static int c_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
-		   const char *name, mode_t mode, dev_t rdev,
-		   struct sbx_node **out, struct stat *st)
-{
-	struct cache *c = CACHE(sb);
-	struct sbx_node *in, *made = NULL;
-	int rc = check_name(name);
-
-	if (rc < 0)
-		return rc;
-	rc = EXPECTING(c, CNODE(parent), name,
-		       ON_INNER(c, CNODE(parent), in,
-				c->inner->ops->mknod(c->inner, in, name, mode,
-						     rdev, &made, st)));
-	return finish_create(c, CNODE(parent), name, made, st, out, rc);
-}
-
-static int c_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
-		   const char *name, mode_t mode, struct sbx_node **out,
-		   struct stat *st)
-{
-	struct cache *c = CACHE(sb);
-	struct sbx_node *in, *made = NULL;
-	int rc = check_name(name);
-
-	if (rc < 0)
-		return rc;
-	rc = EXPECTING(c, CNODE(parent), name,
-		       ON_INNER(c, CNODE(parent), in,
-				c->inner->ops->mkdir(c->inner, in, name, mode,
-						     &made, st)));
-	rc = finish_create(c, CNODE(parent), name, made, st, out, rc);
-	if (rc == 0) {
-		/* A new directory is empty: its listing is known. */
-		cache_lock(c);
-		CNODE(*out)->complete = true;
-		CNODE(*out)->prefetched = true;
-		CNODE(*out)->list_time = cache_now();
-		cache_unlock(c);
-	}
-	return rc;
-}
-
-static int c_symlink(struct sbx_sandbox *sb, const char *target,
-		     struct sbx_node *parent, const char *name,
-		     struct sbx_node **out, struct stat *st)
-{
-	struct cache *c = CACHE(sb);
-	struct sbx_node *in, *made = NULL;
-	int rc = check_name(name);
-
-	if (rc < 0)
-		return rc;
-	rc = EXPECTING(c, CNODE(parent), name,
-		       ON_INNER(c, CNODE(parent), in,
-				c->inner->ops->symlink(c->inner, target, in,
-						       name, &made, st)));
-	rc = finish_create(c, CNODE(parent), name, made, st, out, rc);
-	if (rc == 0) {
-		cache_lock(c);
-		free(CNODE(*out)->link);
-		CNODE(*out)->link = sbx_xstrdup(target);
-		cache_unlock(c);
-	}
-	return rc;
-}
-
-static int c_link(struct sbx_sandbox *sb, struct sbx_node *node,
-		  struct sbx_node *newparent, const char *newname,
-		  struct sbx_node **out, struct stat *st)
-{
-	struct cache *c = CACHE(sb);
-	struct cnode *from = CNODE(node);
-	struct sbx_node *in, *src, *made = NULL;
-	int rc = check_name(newname);
-
-	if (rc < 0)
-		return rc;
-	{
-		char *sp = op_path(c, from);
-
-		if (!sp)
-			return -ESTALE;
-		rc = cache_inner_node(c, sp, &src);
-		free(sp);
-	}
-	if (rc < 0)
-		return rc;
-	rc = EXPECTING(c, CNODE(newparent), newname,
-		       ON_INNER(c, CNODE(newparent), in,
-				c->inner->ops->link(c->inner, src, in, newname,
-						    &made, st)));
-	c->inner->ops->forget(c->inner, src);
-	if (rc < 0)
-		return stale_or(c, from, rc);
-	rc = finish_create(c, CNODE(newparent), newname, made, st, out, rc);
-	cache_lock(c);
-	/* Both names now lead to one file: the first one joins the ring
-	 * (tree_set_st), so its inode still works once it is removed. */
-	if (from->st.st_ino == st->st_ino) /* kept while st is stale */
-		tree_refresh_st(c, from, st);
-	else
-		tree_invalidate_file(from);
-	cache_unlock(c);
-	return rc;
-}
-
-/* After a name vanished from dir through us. */
-static void removed(struct cache *c, struct cnode *dir, const char *name)
-{
-	struct cnode *k;
-
-	cache_lock(c);
-	k = tree_kid_find(dir, name);
-	if (k) {
-		k->slot = S_ABSENT;
-		/* The file's other names have one link less. */
-		tree_invalidate_file(k);
-		content_drop(c, k);
-	}
-	dir->st_valid = false;
-	cache_unlock(c);
-}
-
-static int c_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
-		    const char *name)
-{
-	struct cache *c = CACHE(sb);
-	struct sbx_node *in;
-	int rc = check_name(name);
-
-	if (rc < 0)
-		return rc;
-	rc = silly_rename(c, CNODE(parent), name);
-	if (rc != 0)
-		return rc < 0 ? rc : 0;
-	rc = EXPECTING(c, CNODE(parent), name,
-		       ON_INNER(c, CNODE(parent), in,
-				c->inner->ops->unlink(c->inner, in, name)));
-	if (rc == 0)
-		removed(c, CNODE(parent), name);
-	return rc;
-}
-
-static int c_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
-		   const char *name)
-{
-	struct cache *c = CACHE(sb);
-	struct sbx_node *in;
-	int rc = check_name(name);
-
-	if (rc < 0)
-		return rc;
-	rc = EXPECTING(c, CNODE(parent), name,
-		       ON_INNER(c, CNODE(parent), in,
-				c->inner->ops->rmdir(c->inner, in, name)));
-	if (rc == 0)
-		removed(c, CNODE(parent), name);
-	return rc;
-}
-
-static int c_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
-		    const char *name, struct sbx_node *newparent,
-		    const char *newname, unsigned flags)
-{
-	struct cache *c = CACHE(sb);
-	struct cnode *from = CNODE(parent), *to = CNODE(newparent), *a, *b;
-	struct sbx_node *fi = NULL, *ti = NULL;
-	char *fp, *tp;
-	int rc;
-
-	if ((rc = check_name(name)) < 0 || (rc = check_name(newname)) < 0)
-		return rc;
-	if (!(flags & RENAME_EXCHANGE)) {
-		bool keep;
-
-		/* A replaced file that is open here must stay readable. */
-		cache_lock(c);
-		a = tree_kid_find(from, name);
-		b = tree_kid_find(to, newname);
-		keep = b && a != b && !(flags & RENAME_NOREPLACE);
-		cache_unlock(c);
-		if (keep) {
-			rc = silly_rename(c, to, newname);
-			if (rc < 0)
-				return rc;
-		}
-	}
-	cache_lock(c);
-	fp = tree_path_of(from);
-	tp = tree_path_of(to);
-	cache_unlock(c);
-	if (!fp || !tp) {
-		free(fp);
-		free(tp);
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "directory was replaced");
-	}
-	rc = cache_inner_node(c, fp, &fi);
-	if (rc == 0)
-		rc = cache_inner_node(c, tp, &ti);
-	free(fp);
-	free(tp);
-	if (rc == 0) {
-		struct expect *e1 = NULL, *e2 = NULL;
-
-		/* An exchange's events are not worth predicting. */
-		if (!(flags & RENAME_EXCHANGE)) {
-			e1 = change_expect(c, from, name);
-			e2 = change_expect(c, to, newname);
-		}
-		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
-					   flags);
-		if (rc < 0) {
-			change_expect_cancel(c, e1);
-			change_expect_cancel(c, e2);
-		}
-	}
-	if (fi)
-		c->inner->ops->forget(c->inner, fi);
-	if (ti)
-		c->inner->ops->forget(c->inner, ti);
-	if (rc < 0)
-		return rc;
-
-	cache_lock(c);
-	a = tree_kid_find(from, name);
-	b = tree_kid_find(to, newname);
-	from->st_valid = false;
-	to->st_valid = false;
-	if (flags & RENAME_EXCHANGE) {
-		if (a && b && a != b) {
-			tree_kid_unlink(from, a);
-			tree_kid_unlink(to, b);
-			free(a->name);
-			free(b->name);
-			a->name = sbx_xstrdup(newname);
-			b->name = sbx_xstrdup(name);
-			tree_kid_link(to, a);
-			tree_kid_link(from, b);
-		} else {
-			if (a)
-				a->slot = S_UNKNOWN;
-			if (b)
-				b->slot = S_UNKNOWN;
-		}
-	} else {
-		if (b && b != a) {
-			/* The replaced object has no path any more. */
-			tree_kid_unlink(to, b);
-			b->orphan = true;
-			b->parent = NULL;
-			b->slot = S_ABSENT;
-			tree_invalidate_file(b);
-			b->hnext = c->orphans;
-			c->orphans = b;
-		}
-		if (a) {
-			tree_kid_move(a, to, newname);
-			a->st_valid = false; /* ctime changed */
-		}
-		/* The old name is now known to be free. */
-		tree_kid_get(from, name)->slot = S_ABSENT;
-	}
-	cache_unlock(c);
-	return 0;
+	return rc < 0 ? cache_stale_or(c, n, rc) : rc;
 }
 
 /* ---- open files ---------------------------------------------------------- */
@@ -688,14 +380,13 @@ static int c_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 	check = !cache_healthy(c) || n->slot != S_PRESENT;
 	cache_unlock(c);
 	if (check) {
-		char *path = op_path(c, n);
+		struct sbx_node *in;
 
-		if (!path)
-			return -ESTALE;
-		rc = cache_inner_stat(c, path, &st);
-		free(path);
+		rc = (int)ON_INNER(c, n, in,
+				   c->inner->ops->getattr(c->inner, in, NULL,
+							  &st));
 		if (rc < 0)
-			return stale_or(c, n, rc);
+			return cache_stale_or(c, n, rc);
 		cache_lock(c);
 		same = n->st_valid && n->st.st_ino == st.st_ino &&
 		       n->st.st_size == st.st_size &&
@@ -723,7 +414,7 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_open_result res;
 	struct sbx_node *in, *made = NULL;
 	struct cfile *f;
-	int rc = check_name(name);
+	int rc = cache_check_name(name);
 
 	if (rc < 0)
 		return rc;
@@ -748,7 +439,7 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (res.fh)
 		(void)c->inner->ops->release(c->inner, res.fh);
 	c->inner->ops->forget(c->inner, made);
-	k = created(c, dir, name, st);
+	k = entry_created(c, dir, name, st);
 	f = wb_file_new(k, flags);
 	cache_lock(c);
 	k->opens++;
@@ -1000,19 +691,31 @@ static bool foreign_xattr(const char *name)
 	       strncmp(name, "system.", 7) == 0;
 }
 
+/*
+ * May an xattr call go through to the wrapped sandbox, which offers it
+ * (`offered`)?  0, or the error: foreign_rc for a foreign `name` (NULL: no
+ * such check), -EOPNOTSUPP when the sandbox has no xattrs.
+ */
+static int xattr_pass(const char *name, bool offered, int foreign_rc)
+{
+	if (name && foreign_xattr(name))
+		return sbx_error_set(SBX_ERR_REMOTE, foreign_rc,
+				     "%s is not exposed for remote sandboxes",
+				     name);
+	if (!offered)
+		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
+	return 0;
+}
+
 static ssize_t c_getxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 			  const char *name, void *buf, size_t size)
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
+	int rc = xattr_pass(name, c->inner->ops->getxattr != NULL, -ENODATA);
 
-	if (foreign_xattr(name))
-		return sbx_error_set(SBX_ERR_REMOTE, -ENODATA,
-				     "%s is not exposed for remote sandboxes",
-				     name);
-
-	if (!c->inner->ops->getxattr)
-		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
+	if (rc < 0)
+		return rc;
 	return XATTR_CALL(c, node, in,
 			  c->inner->ops->getxattr(c->inner, in, name, buf,
 						  size));
@@ -1036,13 +739,11 @@ static int c_setxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
+	int rc = xattr_pass(name, c->inner->ops->setxattr != NULL,
+			    -EOPNOTSUPP);
 
-	if (foreign_xattr(name))
-		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP,
-				     "%s is not exposed for remote sandboxes",
-				     name);
-	if (!c->inner->ops->setxattr)
-		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
+	if (rc < 0)
+		return rc;
 	return (int)XATTR_CALL(c, node, in,
 			       c->inner->ops->setxattr(c->inner, in, name,
 						       value, size, flags));
@@ -1053,9 +754,10 @@ static int c_removexattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
+	int rc = xattr_pass(NULL, c->inner->ops->removexattr != NULL, 0);
 
-	if (!c->inner->ops->removexattr)
-		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP, "no xattrs");
+	if (rc < 0)
+		return rc;
 	return (int)XATTR_CALL(c, node, in,
 			       c->inner->ops->removexattr(c->inner, in, name));
 }
@@ -1179,13 +881,13 @@ static const struct sbx_sandbox_ops cache_ops = {
 	.getattr = c_getattr,
 	.setattr = c_setattr,
 	.readlink = c_readlink,
-	.mknod = c_mknod,
-	.mkdir = c_mkdir,
-	.symlink = c_symlink,
-	.link = c_link,
-	.unlink = c_unlink,
-	.rmdir = c_rmdir,
-	.rename = c_rename,
+	.mknod = entry_mknod,
+	.mkdir = entry_mkdir,
+	.symlink = entry_symlink,
+	.link = entry_link,
+	.unlink = entry_unlink,
+	.rmdir = entry_rmdir,
+	.rename = entry_rename,
 	.open = c_open,
 	.create = c_create,
 	.read = c_read,
@@ -1214,6 +916,11 @@ static const struct sbx_sandbox_ops cache_ops = {
 	.free = c_free,
 };
 
+bool fs_cache_supported(const struct sbx_sandbox *sb)
+{
+	return sb->ops->node_at != NULL;
+}
+
 int fs_cache_new(struct sbx_sandbox **out, struct sbx_sandbox *inner,
 		 const char *disk_dir)
 {
@@ -1222,7 +929,7 @@ int fs_cache_new(struct sbx_sandbox **out, struct sbx_sandbox *inner,
 	int rc;
 
 	*out = NULL;
-	if (!inner->ops->node_at)
+	if (!fs_cache_supported(inner))
 		return sbx_error_set(SBX_ERR_INTERNAL, -EINVAL,
 				     "the cache needs a path-based sandbox");
 	c = sbx_xcalloc(1, sizeof(*c));

@@ -1,7 +1,9 @@
 /*
  * The caching layer: a sandbox that wraps a path-based sandbox (one with
  * node_at, i.e. the remote providers) and keeps what the daemon asked for,
- * so that repeated work costs no round trip.  See docs/design.md, "Remote
+ * so that repeated work costs no round trip.  A decorator chosen by whoever
+ * opens the sandbox: fs_daemon_run() wraps it when fs_options.cache says so
+ * (sbx/fs.h; cli/daemon.c decides).  See docs/design.md, "Remote
  * cache and consistency".
  *
  * Caches: attributes, entries (positive and negative), complete directory

@@ -9,6 +9,7 @@
  *   cache_change.c   the change stream: own-change expectations, applying
  *                    events, forwarding them to the daemon
  *   cache_silly.c    unlink of open files (silly rename) and last close
+ *   cache_entry.c    operations on entries: create, link, remove, rename
  *   cache.c          the sbx_sandbox_ops table and everything else
  *
  * Locks, in the order they are taken (a thread holding one may take only
@@ -48,6 +49,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/provider.h"
 
 /* Without a healthy change stream, cached data is trusted this long. */
@@ -75,8 +77,6 @@
 #define SILLY_PREFIX ".sbx-silly."
 /* How long an unlink waits for the RELEASE that follows a close. */
 #define RELEASE_WAIT_MS 100
-/* Buckets of the hard-link table (a power of two). */
-#define RING_BUCKETS 256
 
 enum slot { S_UNKNOWN = 0, S_PRESENT, S_ABSENT };
 
@@ -108,9 +108,9 @@ struct cnode {
 	char *link;           /* symlink target, valid with st */
 
 	/* Directories. */
-	struct cnode **kids;  /* hash buckets by name */
-	size_t nbuckets, nkids;
-	struct cnode *hnext;  /* bucket chain in the parent */
+	struct sbx_hashmap kids;         /* children by name: their kid_node */
+	struct sbx_hashmap_node kid_node; /* in the parent's kids */
+	struct cnode *orphan_next;       /* c->orphans */
 	bool complete;        /* every name is a kid (some UNKNOWN maybe) */
 	double list_time;
 	bool prefetched;      /* a bulk walk covered this directory */
@@ -131,7 +131,7 @@ struct cnode {
 	bool in_ring;
 	ino_t ring_ino;
 	struct cnode *ring_next, *ring_prev;
-	struct cnode *ring_hnext; /* chain of heads in a c->rings bucket */
+	struct sbx_hashmap_node ring_node; /* a head's entry in c->rings */
 };
 
 struct cfile {
@@ -185,8 +185,8 @@ struct cache {
 	struct disk_job *jobs;     /* queued by content_*, run by unlock */
 	struct content *spilling;  /* contents whose spill job is pending */
 	struct cfile *dirty;       /* open files with buffered writes */
-	struct cnode *rings[RING_BUCKETS]; /* hard-link ring heads */
-	struct cnode *orphans;     /* detached nodes (chained by hnext) */
+	struct sbx_hashmap rings;  /* hard-link ring heads by ring_ino */
+	struct cnode *orphans;     /* detached nodes (by orphan_next) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
 	 * Count of change events applied.  A fetch that sees it move while
@@ -222,6 +222,81 @@ int cache_inner_node(struct cache *c, const char *path, struct sbx_node **out);
 /* stat of path through the wrapped sandbox.  Caller holds no lock. */
 int cache_inner_stat(struct cache *c, const char *path, struct stat *st);
 
+/*
+ * The path of n for an operation on it (malloc'd); NULL with ESTALE set when
+ * it has none.  Caller holds no lock.
+ */
+char *cache_op_path(struct cache *c, struct cnode *n);
+/* cache_inner_node() of n's path (see cache_op_path).  No lock held. */
+int cache_inner_node_of(struct cache *c, struct cnode *n,
+			struct sbx_node **out);
+/*
+ * c->lock held: drop it, handing back `path` (just computed under it) and
+ * the event count of that moment in *gen.  NULL path: ESTALE is set ("<what>
+ * was replaced") and NULL returned.
+ */
+char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
+			const char *what);
+/*
+ * rc of a call on n's path; -ENOENT for a name the tree still had becomes
+ * -ESTALE (the kernel then looks the name up again).  No lock held.
+ */
+int cache_stale_or(struct cache *c, struct cnode *n, int rc);
+/* -ENAMETOOLONG (error set) for a name longer than NAME_MAX, else 0. */
+int cache_check_name(const char *name);
+
+/*
+ * Run `call` (using the inner node `inode`) on the wrapped sandbox's node
+ * of n's path; -ESTALE when n has none.  No lock held.
+ */
+#define ON_INNER(c, n, inode, call)                                            \
+	({                                                                     \
+		long r_ = cache_inner_node_of(c, n, &(inode));                 \
+		if (r_ == 0) {                                                 \
+			r_ = (call);                                           \
+			(c)->inner->ops->forget((c)->inner, inode);            \
+		}                                                              \
+		r_;                                                            \
+	})
+
+/* Evaluate `call` (an int rc) expecting an entry event for dir/name. */
+#define EXPECTING(c, dir, name, call)                                          \
+	({                                                                     \
+		struct expect *x_ = change_expect(c, dir, name);               \
+		int rx_ = (int)(call);                                         \
+		if (rx_ < 0)                                                   \
+			change_expect_cancel(c, x_);                           \
+		rx_;                                                           \
+	})
+
+/* ---- cache_entry.c: sbx_sandbox_ops of entries; no lock held ----------- */
+
+/*
+ * After an inner call created `name` in dir with attributes st: record the
+ * entry (its node is returned) and note that dir itself changed.
+ */
+struct cnode *entry_created(struct cache *c, struct cnode *dir,
+			    const char *name, const struct stat *st);
+int entry_mknod(struct sbx_sandbox *sb, struct sbx_node *parent,
+		const char *name, mode_t mode, dev_t rdev,
+		struct sbx_node **out, struct stat *st);
+int entry_mkdir(struct sbx_sandbox *sb, struct sbx_node *parent,
+		const char *name, mode_t mode, struct sbx_node **out,
+		struct stat *st);
+int entry_symlink(struct sbx_sandbox *sb, const char *target,
+		  struct sbx_node *parent, const char *name,
+		  struct sbx_node **out, struct stat *st);
+int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
+	       struct sbx_node *newparent, const char *newname,
+	       struct sbx_node **out, struct stat *st);
+int entry_unlink(struct sbx_sandbox *sb, struct sbx_node *parent,
+		 const char *name);
+int entry_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
+		const char *name);
+int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
+		 const char *name, struct sbx_node *newparent,
+		 const char *newname, unsigned flags);
+
 /* ---- cache_tree.c: all with c->lock held ------------------------------- */
 
 struct cnode *tree_kid_find(struct cnode *dir, const char *name);
@@ -229,6 +304,17 @@ struct cnode *tree_kid_find(struct cnode *dir, const char *name);
 struct cnode *tree_kid_get(struct cnode *dir, const char *name);
 void tree_kid_link(struct cnode *dir, struct cnode *k);
 void tree_kid_unlink(struct cnode *dir, struct cnode *k);
+/* The next child of a walk over a directory's kids, or NULL. */
+struct cnode *tree_kid_next(struct sbx_hashmap_iter *it);
+/*
+ * Every child k of dir:  tree_for_each_kid(k, it, dir) { ... }  The body
+ * may free k but not add or remove other children.
+ */
+#define tree_for_each_kid(k, it, dir)                            \
+	for (sbx_hashmap_iter_init(&(it), &(dir)->kids);         \
+	     ((k) = tree_kid_next(&(it))) != NULL;)
+/* Detach k from its parent onto c->orphans: it has no path any more. */
+void tree_orphan(struct cache *c, struct cnode *k);
 /* Rename k (a child of its parent) to name in dir (takes nothing). */
 void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name);
 /* Find (create: make) the node of a path relative to the root. */

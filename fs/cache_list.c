@@ -28,7 +28,8 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 {
 	struct bulk_ctx *ctx = payload;
 	struct cache *c = ctx->c;
-	struct cnode *n;
+	struct sbx_hashmap_iter kit;
+	struct cnode *n, *k;
 
 	cache_lock(c);
 	/* After a change during the walk, the rest may predate it: keep
@@ -42,14 +43,10 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 		tree_set_st(c, n, &it->st);
 		if (it->kind == SBX_BULK_DIR) {
 			/* Names not listed are gone; listed ones present. */
-			for (size_t b = 0; b < n->nbuckets; b++)
-				for (struct cnode *k = n->kids[b]; k;
-				     k = k->hnext)
-					if (!k->dirty)
-						k->slot = S_ABSENT;
+			tree_for_each_kid(k, kit, n)
+				if (!k->dirty)
+					k->slot = S_ABSENT;
 			for (size_t i = 0; i < it->nentries; i++) {
-				struct cnode *k;
-
 				if (tree_is_silly(it->entries[i].name))
 					continue;
 				k = tree_kid_get(n, it->entries[i].name);
@@ -148,18 +145,17 @@ static int list_entry(const char *name, const struct stat *st,
 static int relist(struct cache *c, struct cnode *dir)
 {
 	struct list_ctx l = {.c = c, .dir = dir};
+	struct sbx_hashmap_iter kit;
+	struct cnode *k;
 	struct sbx_node *in;
 	struct sbx_file *dh;
 	char *path;
 	int rc;
 
 	cache_lock(c);
-	path = tree_path_of(dir);
-	l.gen = c->events;
-	cache_unlock(c);
+	path = cache_unlock_path(c, tree_path_of(dir), &l.gen, "directory");
 	if (!path)
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "directory was replaced");
+		return -ESTALE;
 	rc = cache_inner_node(c, path, &in);
 	free(path);
 	if (rc < 0)
@@ -176,10 +172,9 @@ static int relist(struct cache *c, struct cnode *dir)
 		/* Everything not listed is absent now (unknown if raced). */
 		bool raced = l.gen != c->events;
 
-		for (size_t b = 0; b < dir->nbuckets; b++)
-			for (struct cnode *k = dir->kids[b]; k; k = k->hnext)
-				if (!k->dirty)
-					k->slot = raced ? S_UNKNOWN : S_ABSENT;
+		tree_for_each_kid(k, kit, dir)
+			if (!k->dirty)
+				k->slot = raced ? S_UNKNOWN : S_ABSENT;
 		for (size_t i = 0; i < l.nseen; i++)
 			l.seen[i]->slot = S_PRESENT;
 		/* Raced with a change: serve this listing, cache none of it. */
@@ -199,39 +194,40 @@ static int relist(struct cache *c, struct cnode *dir)
  */
 static bool listing_usable(struct cache *c, struct cnode *n)
 {
+	struct sbx_hashmap_iter it;
+	struct cnode *k;
+
 	if (!n->complete || !cache_fresh(c, n->list_time))
 		return false;
-	for (size_t b = 0; b < n->nbuckets; b++)
-		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
-			if (k->slot == S_UNKNOWN)
-				return false;
-			if (k->slot == S_PRESENT && !k->hidden &&
-			    (!k->st_valid || k->dirty ||
-			     !cache_fresh(c, k->st_time)))
-				return false;
-		}
+	tree_for_each_kid(k, it, n) {
+		if (k->slot == S_UNKNOWN)
+			return false;
+		if (k->slot == S_PRESENT && !k->hidden &&
+		    (!k->st_valid || k->dirty || !cache_fresh(c, k->st_time)))
+			return false;
+	}
 	return true;
 }
 
 /* Fill a directory handle's snapshot from n's listing.  c->lock held. */
 static void snapshot_listing(struct cnode *n, struct cfile *d)
 {
-	size_t cap = n->nkids + 1, i = 0;
+	size_t cap = sbx_hashmap_count(&n->kids) + 1, i = 0;
+	struct sbx_hashmap_iter it;
+	struct cnode *k;
 
 	d->names = sbx_xcalloc(cap, sizeof(*d->names));
 	d->sts = sbx_xcalloc(cap, sizeof(*d->sts));
 	d->nodes = sbx_xcalloc(cap, sizeof(*d->nodes));
-	for (size_t b = 0; b < n->nbuckets; b++)
-		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
-			if (k->slot != S_PRESENT || k->hidden || i >= cap)
-				continue;
-			d->names[i] = sbx_xstrdup(k->name);
-			d->sts[i] = k->st;
-			d->sts[i].st_nlink =
-				tree_visible_nlink(k, k->st.st_nlink);
-			d->nodes[i] = k;
-			i++;
-		}
+	tree_for_each_kid(k, it, n) {
+		if (k->slot != S_PRESENT || k->hidden || i >= cap)
+			continue;
+		d->names[i] = sbx_xstrdup(k->name);
+		d->sts[i] = k->st;
+		d->sts[i].st_nlink = tree_visible_nlink(k, k->st.st_nlink);
+		d->nodes[i] = k;
+		i++;
+	}
 	d->n = i;
 	d->dir_ino = n->st.st_ino;
 }

@@ -33,70 +33,38 @@ bool tree_is_silly(const char *name)
 
 /* ---- children ------------------------------------------------------------ */
 
-static size_t name_hash(const char *s, size_t nb)
+static bool kid_eq(const struct sbx_hashmap_node *hn, const void *name)
 {
-	size_t h = 5381;
-
-	while (*s)
-		h = h * 33 + (unsigned char)*s++;
-	return h & (nb - 1);
+	return strcmp(sbx_hashmap_entry(hn, struct cnode, kid_node)->name,
+		      name) == 0;
 }
 
 struct cnode *tree_kid_find(struct cnode *dir, const char *name)
 {
-	struct cnode *k;
+	struct sbx_hashmap_node *hn = sbx_hashmap_find(
+		&dir->kids, sbx_fnv1a_str(name), kid_eq, name);
 
-	if (!dir->nbuckets)
-		return NULL;
-	for (k = dir->kids[name_hash(name, dir->nbuckets)]; k; k = k->hnext)
-		if (strcmp(k->name, name) == 0)
-			return k;
-	return NULL;
+	return hn ? sbx_hashmap_entry(hn, struct cnode, kid_node) : NULL;
+}
+
+struct cnode *tree_kid_next(struct sbx_hashmap_iter *it)
+{
+	struct sbx_hashmap_node *hn = sbx_hashmap_next(it);
+
+	return hn ? sbx_hashmap_entry(hn, struct cnode, kid_node) : NULL;
 }
 
 void tree_kid_link(struct cnode *dir, struct cnode *k)
 {
-	size_t h;
-
-	if (dir->nkids >= dir->nbuckets) {
-		size_t nb = dir->nbuckets ? dir->nbuckets * 2 : 16;
-		struct cnode **nk = sbx_xcalloc(nb, sizeof(*nk));
-
-		for (size_t i = 0; i < dir->nbuckets; i++) {
-			struct cnode *x = dir->kids[i], *next;
-
-			for (; x; x = next) {
-				next = x->hnext;
-				h = name_hash(x->name, nb);
-				x->hnext = nk[h];
-				nk[h] = x;
-			}
-		}
-		free(dir->kids);
-		dir->kids = nk;
-		dir->nbuckets = nb;
-	}
-	h = name_hash(k->name, dir->nbuckets);
-	k->hnext = dir->kids[h];
-	dir->kids[h] = k;
+	sbx_hashmap_insert(&dir->kids, &k->kid_node, sbx_fnv1a_str(k->name));
 	k->parent = dir;
-	dir->nkids++;
 }
 
 void tree_kid_unlink(struct cnode *dir, struct cnode *k)
 {
-	struct cnode **pp;
-
-	if (!dir->nbuckets)
-		return;
-	pp = &dir->kids[name_hash(k->name, dir->nbuckets)];
-	while (*pp && *pp != k)
-		pp = &(*pp)->hnext;
-	if (*pp) {
-		*pp = k->hnext;
-		dir->nkids--;
-	}
-	k->hnext = NULL;
+	/* A node is linked in its parent's table and nowhere else. */
+	if (k->parent == dir)
+		sbx_hashmap_remove(&dir->kids, &k->kid_node);
 }
 
 void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name)
@@ -203,59 +171,54 @@ char *tree_child_path(const struct cnode *dir, const char *name)
 
 /* ---- hard-link rings ----------------------------------------------------- */
 
-static struct cnode **ring_bucket(struct cache *c, ino_t ino)
+static uint64_t ring_hash(ino_t ino)
 {
-	return &c->rings[ino & (RING_BUCKETS - 1)];
+	return (uint64_t)ino; /* the map mixes it */
+}
+
+static bool ring_eq(const struct sbx_hashmap_node *hn, const void *ino)
+{
+	return sbx_hashmap_entry(hn, struct cnode, ring_node)->ring_ino ==
+	       *(const ino_t *)ino;
 }
 
 void tree_ring_leave(struct cache *c, struct cnode *n)
 {
-	struct cnode **pp;
-
 	if (!n->in_ring)
 		return;
-	for (pp = ring_bucket(c, n->ring_ino); *pp && *pp != n;
-	     pp = &(*pp)->ring_hnext)
-		;
-	if (*pp) {
+	if (sbx_hashmap_node_linked(&n->ring_node)) {
 		/* n was the head: another member takes its place. */
-		if (n->ring_next != n) {
-			n->ring_next->ring_hnext = n->ring_hnext;
-			*pp = n->ring_next;
-		} else {
-			*pp = n->ring_hnext;
-		}
+		sbx_hashmap_remove(&c->rings, &n->ring_node);
+		if (n->ring_next != n)
+			sbx_hashmap_insert(&c->rings, &n->ring_next->ring_node,
+					   ring_hash(n->ring_ino));
 	}
 	n->ring_next->ring_prev = n->ring_prev;
 	n->ring_prev->ring_next = n->ring_next;
 	n->ring_next = n->ring_prev = NULL;
-	n->ring_hnext = NULL;
 	n->in_ring = false;
 }
 
 /* Tie n to the other names of inode `ino` (n's attributes say nlink > 1). */
 static void ring_join(struct cache *c, struct cnode *n, ino_t ino)
 {
-	struct cnode **bucket, *head;
+	struct sbx_hashmap_node *hn;
+	struct cnode *head;
 
 	if (n->in_ring) {
 		if (n->ring_ino == ino)
 			return;
 		tree_ring_leave(c, n);
 	}
-	bucket = ring_bucket(c, ino);
-	for (head = *bucket; head && head->ring_ino != ino;
-	     head = head->ring_hnext)
-		;
+	hn = sbx_hashmap_find(&c->rings, ring_hash(ino), ring_eq, &ino);
 	n->in_ring = true;
 	n->ring_ino = ino;
-	if (!head) {
+	if (!hn) {
 		n->ring_next = n->ring_prev = n;
-		n->ring_hnext = *bucket;
-		*bucket = n;
+		sbx_hashmap_insert(&c->rings, &n->ring_node, ring_hash(ino));
 		return;
 	}
-	n->ring_hnext = NULL;
+	head = sbx_hashmap_entry(hn, struct cnode, ring_node);
 	n->ring_next = head->ring_next;
 	n->ring_prev = head;
 	head->ring_next->ring_prev = n;
@@ -333,57 +296,62 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 
 	if (k->st.st_ino && k->st.st_ino != st->st_ino && !k->dirty &&
 	    !k->hidden) {
-		tree_kid_unlink(dir, k);
-		k->parent = NULL;
-		k->orphan = true;
-		k->slot = S_ABSENT;
+		tree_orphan(c, k);
 		k->st_valid = false;
 		content_drop(c, k);
-		k->hnext = c->orphans;
-		c->orphans = k;
 		k = tree_kid_get(dir, name);
 	}
 	tree_set_st(c, k, st);
 	return k;
 }
 
+void tree_orphan(struct cache *c, struct cnode *k)
+{
+	if (k->parent)
+		tree_kid_unlink(k->parent, k);
+	k->parent = NULL;
+	k->orphan = true;
+	k->slot = S_ABSENT;
+	k->orphan_next = c->orphans;
+	c->orphans = k;
+}
+
 /* ---- whole tree ---------------------------------------------------------- */
 
 void tree_forget_all(struct cnode *n)
 {
+	struct sbx_hashmap_iter it;
+	struct cnode *k;
+
 	n->st_valid = false;
 	n->complete = false;
 	n->prefetched = false;
 	free(n->link);
 	n->link = NULL;
-	for (size_t b = 0; b < n->nbuckets; b++)
-		for (struct cnode *k = n->kids[b]; k; k = k->hnext) {
-			if (k->slot == S_ABSENT)
-				k->slot = S_UNKNOWN;
-			tree_forget_all(k);
-		}
+	tree_for_each_kid(k, it, n) {
+		if (k->slot == S_ABSENT)
+			k->slot = S_UNKNOWN;
+		tree_forget_all(k);
+	}
 }
 
 void tree_free(struct cache *c, struct cnode *n)
 {
-	for (size_t b = 0; b < n->nbuckets; b++) {
-		struct cnode *k = n->kids[b], *next;
+	struct sbx_hashmap_iter it;
+	struct cnode *k;
 
-		for (; k; k = next) {
-			next = k->hnext;
-			tree_free(c, k);
-			free(k->name);
-			free(k);
-		}
+	tree_for_each_kid(k, it, n) {
+		tree_free(c, k);
+		free(k->name);
+		free(k);
 	}
-	free(n->kids);
-	n->kids = NULL;
-	n->nbuckets = n->nkids = 0;
+	sbx_hashmap_fini(&n->kids);
 	if (n == &c->root) {
+		sbx_hashmap_fini(&c->rings);
 		while (c->orphans) {
 			struct cnode *o = c->orphans;
 
-			c->orphans = o->hnext;
+			c->orphans = o->orphan_next;
 			tree_free(c, o);
 			free(o->name);
 			free(o);

@@ -212,21 +212,28 @@ int wb_push(struct cache *c, struct cfile *f)
 	return rc;
 }
 
+/* Which dirty files to take; all of them when every field is 0. */
+struct pick {
+	struct cnode *n;   /* only the files of n */
+	struct cnode *dir; /* only the files of dir's children */
+	struct cfile *skip;
+	double now;        /* > 0: only files dirty for CACHE_WB_EXPIRE */
+};
+
 /*
- * Take a reference to every dirty file of n, or of the children of dir
- * (every file when both are NULL) and push them one by one.  Returns the first error; every file is tried.
+ * c->lock held: take a reference to every dirty file `p` picks; they go to
+ * *out (malloc'd, NULL when none), and their count is returned.
  */
-static int push_matching(struct cache *c, struct cnode *n, struct cnode *dir,
-			 struct cfile *skip)
+static size_t take_dirty(struct cache *c, const struct pick *p,
+			 struct cfile ***out)
 {
 	struct cfile **fs = NULL;
 	size_t nf = 0, cap = 0;
-	int rc = 0;
 
-	cache_lock(c);
 	for (struct cfile *f = c->dirty; f; f = f->dnext) {
-		if ((n && f->node != n) || (dir && f->node->parent != dir) ||
-		    f == skip)
+		if ((p->n && f->node != p->n) ||
+		    (p->dir && f->node->parent != p->dir) || f == p->skip ||
+		    (p->now > 0 && p->now - f->dirty_since < CACHE_WB_EXPIRE))
 			continue;
 		if (nf == cap) {
 			cap = cap ? cap * 2 : 8;
@@ -235,6 +242,25 @@ static int push_matching(struct cache *c, struct cnode *n, struct cnode *dir,
 		wb_file_get(f);
 		fs[nf++] = f;
 	}
+	*out = fs;
+	return nf;
+}
+
+/*
+ * Take a reference to every dirty file of n, or of the children of dir
+ * (every file when both are NULL) and push them one by one.  Returns the
+ * first error; every file is tried.
+ */
+static int push_matching(struct cache *c, struct cnode *n, struct cnode *dir,
+			 struct cfile *skip)
+{
+	struct pick p = {.n = n, .dir = dir, .skip = skip};
+	struct cfile **fs;
+	size_t nf;
+	int rc = 0;
+
+	cache_lock(c);
+	nf = take_dirty(c, &p, &fs);
 	cache_unlock(c);
 	for (size_t i = 0; i < nf; i++) {
 		int r = wb_push(c, fs[i]);
@@ -388,25 +414,16 @@ static void *flusher_main(void *arg)
 	cache_lock(c);
 	while (!c->stopping) {
 		struct timespec until;
-		struct cfile **due = NULL;
-		size_t n = 0, cap = 0;
-		double t;
+		struct pick p = {0};
+		struct cfile **due;
+		size_t n;
 
 		deadline_in(&until, CACHE_WB_TICK_MS);
 		pthread_cond_timedwait(&c->flusher_cond, &c->lock, &until);
 		if (c->stopping)
 			break;
-		t = cache_now();
-		for (struct cfile *f = c->dirty; f; f = f->dnext) {
-			if (t - f->dirty_since < CACHE_WB_EXPIRE)
-				continue;
-			if (n == cap) {
-				cap = cap ? cap * 2 : 8;
-				due = sbx_xrealloc(due, cap * sizeof(*due));
-			}
-			wb_file_get(f);
-			due[n++] = f;
-		}
+		p.now = cache_now();
+		n = take_dirty(c, &p, &due);
 		cache_unlock(c);
 		for (size_t i = 0; i < n; i++) {
 			int rc = wb_push(c, due[i]);

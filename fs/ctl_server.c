@@ -24,10 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sbx/clock.h"
 #include "sbx/ctl.h"
 #include "sbx/exec.h"
 #include "sbx/log.h"
 #include "sbx/provider.h"
+#include "sbx/waitfd.h"
 #include "sbx/xmalloc.h"
 
 #include "fs_ctl.h"
@@ -58,10 +60,7 @@ struct conn {
 
 static int64_t now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)sbx_clock_mono_ms();
 }
 
 /* ---- environment defaults ------------------------------------------------ */
@@ -175,10 +174,6 @@ static int read_request(struct run *r, struct sbx_ctl_request **out,
 
 	*out = NULL;
 	while (1) {
-		struct pollfd p[2] = {
-			{ .fd = r->sock, .events = POLLIN },
-			{ .fd = r->ctl->wake[0], .events = POLLIN },
-		};
 		int64_t left = end - now_ms();
 		ssize_t n;
 
@@ -192,11 +187,15 @@ static int read_request(struct run *r, struct sbx_ctl_request **out,
 					     "control protocol: no REQUEST "
 					     "within %d ms",
 					     REQUEST_TIMEOUT_MS);
-		if (poll(p, 2, (int)left) < 0 && errno != EINTR)
-			return sbx_error_os("poll");
-		if (p[1].revents)
+		rc = sbx_waitfd(r->sock, POLLIN, r->ctl->wake[0], (int)left,
+				NULL);
+		if (rc < 0)
+			return rc;
+		if (rc == SBX_WAITFD_WOKEN)
 			return sbx_error_set(SBX_ERR_STATE, -ESHUTDOWN,
 					     "the daemon is stopping");
+		if (rc == SBX_WAITFD_TIMEOUT)
+			continue; /* the next turn reports it */
 		n = sbx_ctl_rbuf_fill_fds(&r->rb, r->sock, fds, nfds);
 		if (n == 0)
 			return sbx_error_set(SBX_ERR_PROTO, -ECONNRESET,
@@ -646,25 +645,14 @@ static void *accept_thread(void *arg)
 	/* Signals belong to the daemon's main thread. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
-	while (1) {
-		struct pollfd p[2] = {
-			{ .fd = ctl->listen_fd, .events = POLLIN },
-			{ .fd = ctl->wake[0], .events = POLLIN },
-		};
+	/* Until stopped (the wake pipe) or poll itself fails. */
+	while (sbx_waitfd(ctl->listen_fd, POLLIN, ctl->wake[0], -1, NULL) ==
+	       SBX_WAITFD_READY) {
 		pthread_attr_t attr;
 		pthread_t t;
 		struct conn *c;
 		int s;
 
-		if (poll(p, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			break;
-		}
-		if (p[1].revents)
-			break;
-		if (!p[0].revents)
-			continue;
 		s = accept4(ctl->listen_fd, NULL, NULL,
 			    SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0) {

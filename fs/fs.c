@@ -19,6 +19,7 @@
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
 #include "sbx/paths.h"
+#include "sbx/waitfd.h"
 #include "cache.h"
 #include "fs_ctl.h"
 #include "fs_i.h"
@@ -340,20 +341,13 @@ static void *detach_thread(void *arg)
 	if (mi < 0)
 		return NULL;
 	for (;;) {
-		struct pollfd p[2] = {
-			{ .fd = mi, .events = POLLPRI },
-			{ .fd = fs->detach_wake[0], .events = POLLIN },
-		};
+		short ev;
 
-		if (poll(p, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
+		/* Stopped (the wake pipe) or poll failed: give up watching. */
+		if (sbx_waitfd(mi, POLLPRI, fs->detach_wake[0], -1, &ev) !=
+		    SBX_WAITFD_READY)
 			break;
-		}
-		if (p[1].revents)
-			break;
-		if (!(p[0].revents & (POLLPRI | POLLERR)) ||
-		    dev_mounted(fs->dev))
+		if (!(ev & (POLLPRI | POLLERR)) || dev_mounted(fs->dev))
 			continue;
 		sbx_info("session %s: no longer mounted; stopping",
 			 fs->session);
@@ -361,11 +355,13 @@ static void *detach_thread(void *arg)
 		fuse_session_exit(fs->se);
 		while (!__atomic_load_n(&fs->loop_done, __ATOMIC_ACQUIRE)) {
 			pthread_kill(fs->main_thread, SIGUSR1);
-			if (poll(&p[1], 1, DETACH_KICK_MS) > 0)
+			if (sbx_waitfd(-1, 0, fs->detach_wake[0],
+				       DETACH_KICK_MS, NULL) == SBX_WAITFD_WOKEN)
 				break;
 		}
 		break;
 	}
+	sbx_error_clear(); /* a failed poll ends the watch, nothing more */
 	close(mi);
 	return NULL;
 }
@@ -461,8 +457,8 @@ int fs_daemon_run(const struct fs_options *o)
 	memset(&fs, 0, sizeof(fs));
 	fs.detach_wake[0] = fs.detach_wake[1] = -1;
 	fs.sb = o->sandbox;
-	if (fs.sb->ops->node_at) {
-		/* A path-based (remote) sandbox: serve it through the cache. */
+	if (o->cache) {
+		/* The decorator the caller chose (-EINVAL if it cannot). */
 		rc = open_cache(&fs, o->session);
 		if (rc < 0)
 			return rc;

@@ -33,6 +33,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/provider.h"
 
 struct fs_ctl;
@@ -47,8 +48,9 @@ struct fs_inode {
 	unsigned writers;      /* opens for writing; protected by fs->lock */
 	fuse_ino_t parent;     /* last known parent; protected by fs->lock */
 	char *name;            /* last known name; protected by fs->lock */
-	struct fs_inode *hnext; /* hash chain */
-	bool hashed;           /* findable by (dev, ino); protected by lock */
+	/* In fs->table (findable by (dev, ino)) while linked; fs->lock. */
+	struct sbx_hashmap_node hnode;
+	struct fs_inode *stale_next; /* fs->stale; protected by fs->lock */
 };
 
 struct fs {
@@ -60,10 +62,8 @@ struct fs {
 
 	pthread_mutex_t lock;
 	struct fs_inode root;
-	struct fs_inode **table; /* hash by (dev, ino) */
-	struct fs_inode *stale;  /* unhashed, still held by the kernel */
-	size_t table_size;
-	size_t count;
+	struct sbx_hashmap table; /* inodes by (dev, ino), but the root */
+	struct fs_inode *stale;   /* unhashed, still held by the kernel */
 
 	bool watching;          /* change stream started */
 	bool cached;            /* sb is our caching layer (fs/cache.c) */

@@ -9,11 +9,23 @@
 #include "sbx/xmalloc.h"
 #include "fs_i.h"
 
-static size_t hash(dev_t dev, ino_t ino, size_t size)
-{
-	uint64_t h = (uint64_t)ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)dev;
+struct key {
+	dev_t dev;
+	ino_t ino;
+};
 
-	return (size_t)(h ^ (h >> 29)) & (size - 1);
+static uint64_t hash(dev_t dev, ino_t ino)
+{
+	return (uint64_t)ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)dev;
+}
+
+static bool key_eq(const struct sbx_hashmap_node *hn, const void *key)
+{
+	const struct fs_inode *in = sbx_hashmap_entry(hn, struct fs_inode,
+						      hnode);
+	const struct key *k = key;
+
+	return in->ino == k->ino && in->dev == k->dev;
 }
 
 /* Release everything an inode owns; it is out of the table already. */
@@ -26,27 +38,22 @@ static void inode_free(struct fs *fs, struct fs_inode *in)
 
 void fs_inodes_init(struct fs *fs)
 {
-	fs->table_size = 4096;
-	fs->table = sbx_xcalloc(fs->table_size, sizeof(*fs->table));
-	fs->count = 0;
+	sbx_hashmap_init(&fs->table);
 }
 
 void fs_inodes_fini(struct fs *fs)
 {
-	for (size_t i = 0; i < fs->table_size; i++) {
-		struct fs_inode *in = fs->table[i], *next;
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *hn;
 
-		for (; in; in = next) {
-			next = in->hnext;
-			inode_free(fs, in);
-		}
-	}
-	free(fs->table);
-	fs->table = NULL;
+	sbx_hashmap_iter_init(&it, &fs->table);
+	while ((hn = sbx_hashmap_next(&it)))
+		inode_free(fs, sbx_hashmap_entry(hn, struct fs_inode, hnode));
+	sbx_hashmap_fini(&fs->table);
 	while (fs->stale) {
 		struct fs_inode *in = fs->stale;
 
-		fs->stale = in->hnext;
+		fs->stale = in->stale_next;
 		inode_free(fs, in);
 	}
 	free(fs->root.name);
@@ -70,52 +77,13 @@ fuse_ino_t fs_inode_id(struct fs *fs, struct fs_inode *inode)
 /* Caller holds fs->lock. */
 static struct fs_inode *find_locked(struct fs *fs, dev_t dev, ino_t ino)
 {
-	struct fs_inode *in;
+	struct key k = { dev, ino };
+	struct sbx_hashmap_node *hn;
 
 	if (fs->root.dev == dev && fs->root.ino == ino)
 		return &fs->root;
-	for (in = fs->table[hash(dev, ino, fs->table_size)]; in; in = in->hnext)
-		if (in->ino == ino && in->dev == dev)
-			return in;
-	return NULL;
-}
-
-/* Caller holds fs->lock. */
-static void grow_locked(struct fs *fs)
-{
-	size_t nsize = fs->table_size * 2;
-	struct fs_inode **nt = sbx_xcalloc(nsize, sizeof(*nt));
-
-	for (size_t i = 0; i < fs->table_size; i++) {
-		struct fs_inode *in = fs->table[i], *next;
-
-		for (; in; in = next) {
-			size_t h = hash(in->dev, in->ino, nsize);
-
-			next = in->hnext;
-			in->hnext = nt[h];
-			nt[h] = in;
-		}
-	}
-	free(fs->table);
-	fs->table = nt;
-	fs->table_size = nsize;
-}
-
-/* Take an inode out of the (dev, ino) table.  Caller holds fs->lock. */
-static void unhash_locked(struct fs *fs, struct fs_inode *in)
-{
-	struct fs_inode **pp;
-
-	if (!in->hashed)
-		return;
-	pp = &fs->table[hash(in->dev, in->ino, fs->table_size)];
-	while (*pp != in)
-		pp = &(*pp)->hnext;
-	*pp = in->hnext;
-	in->hnext = NULL;
-	in->hashed = false;
-	fs->count--;
+	hn = sbx_hashmap_find(&fs->table, hash(dev, ino), key_eq, &k);
+	return hn ? sbx_hashmap_entry(hn, struct fs_inode, hnode) : NULL;
 }
 
 static void set_name_locked(struct fs_inode *in, fuse_ino_t parent,
@@ -147,8 +115,8 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 		 * kernel still holds: the new file gets its own inode, and
 		 * the old one stays only for the kernel's references.
 		 */
-		unhash_locked(fs, in);
-		in->hnext = fs->stale;
+		sbx_hashmap_remove(&fs->table, &in->hnode);
+		in->stale_next = fs->stale;
 		fs->stale = in;
 		in = NULL;
 	}
@@ -165,13 +133,8 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 		fresh->ino = st->st_ino;
 		fresh->nlookup = 1;
 		set_name_locked(fresh, parent, name);
-		if (fs->count * 2 >= fs->table_size)
-			grow_locked(fs);
-		size_t h = hash(fresh->dev, fresh->ino, fs->table_size);
-		fresh->hnext = fs->table[h];
-		fs->table[h] = fresh;
-		fresh->hashed = true;
-		fs->count++;
+		sbx_hashmap_insert(&fs->table, &fresh->hnode,
+				   hash(fresh->dev, fresh->ino));
 		in = fresh;
 	}
 	pthread_mutex_unlock(&fs->lock);
@@ -198,15 +161,15 @@ void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)
 	}
 	in->nlookup -= n;
 	if (in->nlookup == 0) {
-		if (in->hashed) {
-			unhash_locked(fs, in);
+		if (sbx_hashmap_node_linked(&in->hnode)) {
+			sbx_hashmap_remove(&fs->table, &in->hnode);
 		} else {
 			struct fs_inode **pp = &fs->stale;
 
 			while (*pp && *pp != in)
-				pp = &(*pp)->hnext;
+				pp = &(*pp)->stale_next;
 			if (*pp)
-				*pp = in->hnext;
+				*pp = in->stale_next;
 		}
 		gone = true;
 	}
@@ -249,18 +212,22 @@ void fs_inode_foreach(struct fs *fs,
 				 void *payload),
 		      void *payload)
 {
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *hn;
 	struct snap *v;
-	size_t n = 0, cap;
+	size_t n = 0;
 
 	pthread_mutex_lock(&fs->lock);
-	cap = fs->count + 1;
-	v = sbx_xcalloc(cap, sizeof(*v));
+	v = sbx_xcalloc(sbx_hashmap_count(&fs->table) + 1, sizeof(*v));
 	v[n++] = (struct snap){FUSE_ROOT_ID, 0, NULL};
-	for (size_t i = 0; i < fs->table_size; i++)
-		for (struct fs_inode *in = fs->table[i]; in; in = in->hnext)
-			v[n++] = (struct snap){fs_inode_id(fs, in), in->parent,
-					       in->name ? sbx_xstrdup(in->name)
-							: NULL};
+	sbx_hashmap_iter_init(&it, &fs->table);
+	while ((hn = sbx_hashmap_next(&it))) {
+		struct fs_inode *in = sbx_hashmap_entry(hn, struct fs_inode,
+							hnode);
+
+		v[n++] = (struct snap){fs_inode_id(fs, in), in->parent,
+				       in->name ? sbx_xstrdup(in->name) : NULL};
+	}
 	pthread_mutex_unlock(&fs->lock);
 	for (size_t i = 0; i < n; i++) {
 		fn(fs, v[i].ino, v[i].parent, v[i].name, payload);

@@ -114,6 +114,15 @@ static void reply_err(fuse_req_t req, const char *op, int rc)
 	fuse_reply_err(req, -rc);
 }
 
+/* Reply to a request that returns no data: rc is 0 or -errno. */
+static void reply_rc(fuse_req_t req, const char *op, int rc)
+{
+	if (rc < 0)
+		reply_err(req, op, rc);
+	else
+		fuse_reply_err(req, 0);
+}
+
 /*
  * A name longer than NAME_MAX gets ENAMETOOLONG here, as from ext4, for
  * every provider: the kernel passes FUSE names of up to 1024 bytes, and a
@@ -356,64 +365,67 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_readlink(req, buf);
 }
 
-static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
-		     mode_t mode, dev_t rdev)
+/* What a mknod, mkdir or symlink makes. */
+struct make {
+	const char *op;
+	enum { MAKE_NOD, MAKE_DIR, MAKE_SYMLINK } kind;
+	mode_t mode;
+	dev_t rdev;
+	const char *target;
+};
+
+static void make_entry(fuse_req_t req, fuse_ino_t parent, const char *name,
+		       const struct make *m)
 {
 	struct fs *fs = fs_of(req);
-	struct sbx_node *node;
+	struct sbx_node *node, *dir = node_of(fs, parent);
 	struct stat st;
 	int rc;
 
-	if (name_too_long(req, "mknod", name))
+	if (name_too_long(req, m->op, name))
 		return;
-
 	caller_begin(req);
-	rc = fs->sb->ops->mknod(fs->sb, node_of(fs, parent), name, mode, rdev,
-				&node, &st);
+	switch (m->kind) {
+	case MAKE_NOD:
+		rc = fs->sb->ops->mknod(fs->sb, dir, name, m->mode, m->rdev,
+					&node, &st);
+		break;
+	case MAKE_DIR:
+		rc = fs->sb->ops->mkdir(fs->sb, dir, name, m->mode, &node, &st);
+		break;
+	default:
+		rc = fs->sb->ops->symlink(fs->sb, m->target, dir, name, &node,
+					  &st);
+		break;
+	}
 	caller_end();
 	if (rc < 0)
-		return reply_err(req, "mknod", rc);
+		return reply_err(req, m->op, rc);
 	reply_entry(req, fs, parent, name, node, &st);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+		     mode_t mode, dev_t rdev)
+{
+	struct make m = {"mknod", MAKE_NOD, mode, rdev, NULL};
+
+	make_entry(req, parent, name, &m);
 }
 
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 		     mode_t mode)
 {
-	struct fs *fs = fs_of(req);
-	struct sbx_node *node;
-	struct stat st;
-	int rc;
+	struct make m = {"mkdir", MAKE_DIR, mode, 0, NULL};
 
-	if (name_too_long(req, "mkdir", name))
-		return;
-
-	caller_begin(req);
-	rc = fs->sb->ops->mkdir(fs->sb, node_of(fs, parent), name, mode, &node,
-				&st);
-	caller_end();
-	if (rc < 0)
-		return reply_err(req, "mkdir", rc);
-	reply_entry(req, fs, parent, name, node, &st);
+	make_entry(req, parent, name, &m);
 }
 
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 		       const char *name)
 {
-	struct fs *fs = fs_of(req);
-	struct sbx_node *node;
-	struct stat st;
-	int rc;
+	struct make m = {"symlink", MAKE_SYMLINK, 0, 0, link};
 
-	if (name_too_long(req, "symlink", name))
-		return;
-
-	caller_begin(req);
-	rc = fs->sb->ops->symlink(fs->sb, link, node_of(fs, parent), name,
-				  &node, &st);
-	caller_end();
-	if (rc < 0)
-		return reply_err(req, "symlink", rc);
-	reply_entry(req, fs, parent, name, node, &st);
+	make_entry(req, parent, name, &m);
 }
 
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
@@ -439,9 +451,7 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs *fs = fs_of(req);
 	int rc = fs->sb->ops->unlink(fs->sb, node_of(fs, parent), name);
 
-	if (rc < 0)
-		return reply_err(req, "unlink", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "unlink", rc);
 }
 
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -449,9 +459,7 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs *fs = fs_of(req);
 	int rc = fs->sb->ops->rmdir(fs->sb, node_of(fs, parent), name);
 
-	if (rc < 0)
-		return reply_err(req, "rmdir", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "rmdir", rc);
 }
 
 static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
@@ -467,9 +475,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 	rc = fs->sb->ops->rename(fs->sb, node_of(fs, parent), name,
 				 node_of(fs, newparent), newname, flags);
-	if (rc < 0)
-		return reply_err(req, "rename", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "rename", rc);
 }
 
 static bool open_for_writing(int flags)
@@ -693,10 +699,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	rc = fs->sb->ops->flush ? fs->sb->ops->flush(fs->sb, pfile_of(fi)) : 0;
-
-	if (rc < 0)
-		return reply_err(req, "flush", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "flush", rc);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino,
@@ -732,9 +735,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 		rc = fs->sb->ops->fsync(fs->sb, fh, datasync != 0);
 		io_done(fs, fi, fh);
 	}
-	if (rc < 0)
-		return reply_err(req, "fsync", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "fsync", rc);
 }
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino,
@@ -891,9 +892,7 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 	if (tmp)
 		(void)fs->sb->ops->releasedir(fs->sb, tmp);
 
-	if (rc < 0)
-		return reply_err(req, "fsyncdir", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "fsyncdir", rc);
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)
@@ -936,11 +935,10 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	if (strcmp(name, XATTR_SESSION) == 0)
 		return reply_xattr_value(req, fs->session, size);
 	if (strcmp(name, XATTR_CONTROL) == 0) {
-		if (!fs->control_socket)
-			{
-		fuse_reply_err(req, ENODATA);
-		return;
-	}
+		if (!fs->control_socket) {
+			fuse_reply_err(req, ENODATA);
+			return;
+		}
 		return reply_xattr_value(req, fs->control_socket, size);
 	}
 	if (strcmp(name, XATTR_PATH) == 0) {
@@ -952,8 +950,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		free(buf);
 		return;
 	}
-	if (!fs->sb->ops->getxattr)
-		{
+	if (!fs->sb->ops->getxattr) {
 		fuse_reply_err(req, EOPNOTSUPP);
 		return;
 	}
@@ -979,8 +976,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	 * The virtual attributes are not listed, so `cp -a` and `rsync -X`
 	 * do not copy them onto other files.
 	 */
-	if (!fs->sb->ops->listxattr)
-	{
+	if (!fs->sb->ops->listxattr) {
 		if (size)
 			fuse_reply_buf(req, NULL, 0);
 		else
@@ -999,27 +995,35 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	free(buf);
 }
 
+/*
+ * The virtual attributes are read-only, and a sandbox without the call
+ * (`offered`) has none to change.  True when it replied.
+ */
+static bool xattr_write_refused(fuse_req_t req, const char *name,
+				bool offered)
+{
+	if (is_virtual_xattr(name)) {
+		fuse_reply_err(req, EPERM);
+		return true;
+	}
+	if (!offered) {
+		fuse_reply_err(req, EOPNOTSUPP);
+		return true;
+	}
+	return false;
+}
+
 static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 			const char *value, size_t size, int flags)
 {
 	struct fs *fs = fs_of(req);
 	int rc;
 
-	if (is_virtual_xattr(name))
-		{
-		fuse_reply_err(req, EPERM);
+	if (xattr_write_refused(req, name, fs->sb->ops->setxattr != NULL))
 		return;
-	}
-	if (!fs->sb->ops->setxattr)
-		{
-		fuse_reply_err(req, EOPNOTSUPP);
-		return;
-	}
 	rc = fs->sb->ops->setxattr(fs->sb, node_of(fs, ino), name, value, size,
 				   flags);
-	if (rc < 0)
-		return reply_err(req, "setxattr", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "setxattr", rc);
 }
 
 static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
@@ -1027,20 +1031,10 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	struct fs *fs = fs_of(req);
 	int rc;
 
-	if (is_virtual_xattr(name))
-		{
-		fuse_reply_err(req, EPERM);
+	if (xattr_write_refused(req, name, fs->sb->ops->removexattr != NULL))
 		return;
-	}
-	if (!fs->sb->ops->removexattr)
-		{
-		fuse_reply_err(req, EOPNOTSUPP);
-		return;
-	}
 	rc = fs->sb->ops->removexattr(fs->sb, node_of(fs, ino), name);
-	if (rc < 0)
-		return reply_err(req, "removexattr", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "removexattr", rc);
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode,
@@ -1049,8 +1043,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode,
 	struct fs *fs = fs_of(req);
 	int rc;
 
-	if (!fs->sb->ops->fallocate)
-		{
+	if (!fs->sb->ops->fallocate) {
 		fuse_reply_err(req, EOPNOTSUPP);
 		return;
 	}
@@ -1061,9 +1054,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode,
 		rc = fs->sb->ops->fallocate(fs->sb, fh, mode, offset, length);
 		io_done(fs, fi, fh);
 	}
-	if (rc < 0)
-		return reply_err(req, "fallocate", rc);
-	fuse_reply_err(req, 0);
+	reply_rc(req, "fallocate", rc);
 }
 
 static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
@@ -1072,8 +1063,7 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	struct fs *fs = fs_of(req);
 	off_t res;
 
-	if (!fs->sb->ops->lseek)
-		{
+	if (!fs->sb->ops->lseek) {
 		fuse_reply_err(req, ENOSYS);
 		return;
 	}
@@ -1098,8 +1088,7 @@ static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in,
 	struct fs *fs = fs_of(req);
 	ssize_t n;
 
-	if (!fs->sb->ops->copy_file_range)
-		{
+	if (!fs->sb->ops->copy_file_range) {
 		fuse_reply_err(req, ENOSYS);
 		return;
 	}
