@@ -25,10 +25,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "sbx/buf.h"
 #include "sbx/error.h"
+#include "sbx/httpd.h"
+#include "sbx/proto.h"
 
 struct cJSON;
 struct MHD_Connection;
@@ -37,6 +40,8 @@ struct MHD_Response;
 struct agent_watch;
 struct agent_execs;
 struct agent_conns;
+struct sbx_batch;
+struct agent_stream;
 
 /* Command-line options of `sbx-agent serve`.  Strings borrowed. */
 struct agent_options {
@@ -116,8 +121,8 @@ typedef int (*agent_upload)(struct agent_req *r, const char *data,
 			    size_t len);
 
 struct agent_route {
-	const char *method;
-	const char *pattern; /* "/v1/exec/ * /output" with '*' = one id */
+	/* method and pattern ("/v1/exec/ * /output", '*' = one id) */
+	struct sbx_httpd_route match;
 	agent_handler handler;
 	bool auth;           /* requires X-Sbx-Token */
 	size_t max_body;     /* 0: no body expected */
@@ -184,7 +189,10 @@ SBX_WUR int agent_server_run(const struct agent_options *opt);
  * it is decoded, by server.c's URL unescaping (%00) and by
  * sbx_json_parse() ("\u0000").  *out malloc'd; "" is the root.
  */
-SBX_WUR int agent_path_norm(const char *in, char **out);
+static inline SBX_WUR int agent_path_norm(const char *in, char **out)
+{
+	return sbx_proto_path_norm(in, SBX_PATH_DOTDOT_KEEP, out);
+}
 
 /*
  * Open `path` (normalised) beneath the root, following symlinks that stay
@@ -209,7 +217,7 @@ SBX_WUR int agent_parent(struct agent *a, const char *path, int *dirfd_out,
 /* Probe openat2 (and honour SBX_AGENT_NO_OPENAT2=1 for tests). */
 void agent_confine_init(struct agent *a);
 
-/* ---- file system (handlers_fs.c) ----------------------------------------- */
+/* ---- file system (handlers_fs.c, handlers_batch.c, handlers_bulk.c) ------ */
 
 int agent_h_stat(struct agent_req *r);
 int agent_h_list(struct agent_req *r);
@@ -217,82 +225,49 @@ int agent_h_read(struct agent_req *r);
 int agent_h_write(struct agent_req *r);
 int agent_h_readlink(struct agent_req *r);
 int agent_h_statfs(struct agent_req *r);
+/* POST /v1/fs/batch: ops decoded by sbx/proto_batch.h, run in order. */
 int agent_h_batch(struct agent_req *r);
+/*
+ * Run the decoded batch `b` beneath a's root and return the answer
+ * {"results":[...]} (a new object): one result per op, in order, each
+ * {"ok":true,...} or an error object (handlers_batch.c).  Needs only
+ * a->root_fd and a->use_openat2 (agent_confine_init), so tests run it
+ * without a server.
+ */
+struct cJSON *agent_batch_run(struct agent *a, const struct sbx_batch *b);
+/* GET /v1/fs/bulk: the frames of sbx/proto_bulk.h. */
 int agent_h_bulk(struct agent_req *r);
+/*
+ * The bulk walk of `path` (normalised) as a stream (handlers_bulk.c):
+ * files up to max_file bytes while the total stays within max_total,
+ * `depth` levels (0: unlimited), the end frame carrying watch_seq.
+ * -errno when `path` is not a directory beneath the root.  *out is
+ * released with its fini; agent_h_bulk() answers it, tests call its
+ * next() directly.
+ */
+SBX_WUR int agent_bulk_stream(struct agent *a, const char *path,
+			      long long max_file, long long max_total,
+			      long long depth, uint64_t watch_seq,
+			      struct agent_stream **out);
 
 /*
- * A parsed batch (POST /v1/fs/batch).  Parsing is pure (no I/O) so it can
- * be fuzzed: agent_batch_parse() checks the document's shape and every
- * op's fields; an op with bad fields keeps its error in `rc`/`msg` and
- * answers it as its result, so one bad op does not fail the batch.
+ * Shared by the file routes (handlers_fs.c).  Errors: negative errno with
+ * sbx_error_last(); `what` names the object in messages.
  */
-enum agent_op_kind {
-	AGENT_OP_STAT = 1,
-	AGENT_OP_LIST,
-	AGENT_OP_MKDIR,
-	AGENT_OP_MKNOD,
-	AGENT_OP_CREATE,
-	AGENT_OP_SYMLINK,
-	AGENT_OP_LINK,
-	AGENT_OP_UNLINK,
-	AGENT_OP_RMDIR,
-	AGENT_OP_RENAME,
-	AGENT_OP_SETATTR,
-	AGENT_OP_WRITE,
-	AGENT_OP_READ,
-	AGENT_OP_READLINK,
-	AGENT_OP_FSYNC,
-	AGENT_OP_FALLOCATE,
-	AGENT_OP_LSEEK,
-	AGENT_OP_GETXATTR,
-	AGENT_OP_LISTXATTR,
-	AGENT_OP_SETXATTR,
-	AGENT_OP_REMOVEXATTR,
-	AGENT_OP_STATFS,
-};
-
-/* Time for setattr: not given, "now", or a value. */
-enum agent_time_set { AGENT_TIME_OMIT = 0, AGENT_TIME_NOW, AGENT_TIME_SET };
-
-struct agent_op {
-	int kind;          /* enum agent_op_kind; 0 when unknown */
-	int rc;            /* parse error (negative errno) or 0 */
-	char *msg;         /* parse error message, malloc'd */
-	char *path;        /* normalised, malloc'd */
-	bool dir_slash;    /* path was given with a trailing '/' */
-	char *newpath;     /* link/rename, normalised */
-	char *target;      /* symlink target, as given */
-	char *name;        /* xattr name */
-	unsigned char *data; /* decoded base64 (write data, xattr value) */
-	size_t data_len;
-	long long offset, length;
-	unsigned mode;
-	unsigned long long rdev;
-	bool has_mode, has_uid, has_gid, has_size;
-	unsigned uid, gid;
-	long long size;
-	int atime_set, mtime_set; /* enum agent_time_set */
-	long long atime_s, atime_ns, mtime_s, mtime_ns;
-	bool excl, truncate, append, datasync;
-	unsigned flags;    /* rename: RENAME_*; setxattr: XATTR_* */
-	int fmode;         /* fallocate mode */
-	int whence;        /* lseek: SEEK_DATA or SEEK_HOLE */
-};
-
-struct agent_batch {
-	struct agent_op *ops;
-	size_t n;
-	bool stop_on_error;
-};
-
-/*
- * Parse a batch body of `len` bytes.  -EINVAL (400) when it is not a JSON
- * object with an "ops" array of objects; -EFBIG (413) beyond
- * SBX_PROTO_MAX_BATCH ops.  *out released with agent_batch_free().
- */
-SBX_WUR int agent_batch_parse(const char *body, size_t len,
-			      struct agent_batch **out);
-void agent_batch_free(struct agent_batch *b);
+/* The query argument `key` normalised (agent_path_norm); "" when absent. */
+SBX_WUR int agent_req_path(struct agent_req *r, const char *key, char **out);
+/* lstat of (dfd, name); name "" is dfd itself. */
+SBX_WUR int agent_stat_at(int dfd, const char *name, struct stat *st,
+			  const char *what);
+/* The entries array of directory `path` (sbx_proto_entry_encode). */
+SBX_WUR int agent_list(struct agent *a, const char *path, struct cJSON **out);
+/* o["st"] = the stat array of st. */
+void agent_put_st(struct cJSON *o, const struct stat *st);
+/* Write all of data at off (or at the end when `append`). */
+SBX_WUR int agent_write_all(int fd, const void *data, size_t len,
+			    long long off, bool append, const char *what);
+/* The root file system's statvfs object. */
+SBX_WUR int agent_statfs_json(struct agent *a, struct cJSON **out);
 
 /* ---- watch (handlers_watch.c) -------------------------------------------- */
 

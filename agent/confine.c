@@ -33,36 +33,6 @@
 
 #define MAX_LINKS 40
 
-int agent_path_norm(const char *in, char **out)
-{
-	size_t n = strlen(in), o = 0;
-	char *res;
-
-	*out = NULL;
-	if (n >= PATH_MAX)
-		return sbx_error_set(SBX_ERR_PROTO, -ENAMETOOLONG,
-				     "path too long (%zu bytes)", n);
-	res = sbx_xmalloc(n + 1);
-	for (size_t i = 0; i < n;) {
-		size_t j = i;
-
-		while (j < n && in[j] != '/')
-			j++;
-		if (j - i == 0 || (j - i == 1 && in[i] == '.')) {
-			/* empty component or "." */
-		} else {
-			if (o)
-				res[o++] = '/';
-			memcpy(res + o, in + i, j - i);
-			o += j - i;
-		}
-		i = j + 1;
-	}
-	res[o] = '\0';
-	*out = res;
-	return 0;
-}
-
 static int sys_openat2(int dirfd, const char *path, int flags, mode_t mode)
 {
 	struct open_how how = {

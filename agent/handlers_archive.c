@@ -42,6 +42,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/log.h"
 #include "sbx/proto.h"
 #include "sbx/xmalloc.h"
@@ -58,73 +59,50 @@ static char *join(const char *dir, const char *name)
 	return *dir ? sbx_xasprintf("%s/%s", dir, name) : sbx_xstrdup(name);
 }
 
-static uint64_t fnv(const void *p, size_t n)
-{
-	const unsigned char *s = p;
-	uint64_t h = 1469598103934665603ULL;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ s[i]) * 1099511628211ULL;
-	return h;
-}
-
 /* ---- a set of names (PUT) --------------------------------------------------- */
 
+/* Zeroed is empty (a zeroed sbx_hashmap is). */
 struct nameset {
-	char **slots;
-	size_t cap, n; /* cap: a power of two, or 0 */
+	struct sbx_hashmap map;
 };
+
+struct setname {
+	struct sbx_hashmap_node node;
+	char name[]; /* NUL-terminated */
+};
+
+static bool name_eq(const struct sbx_hashmap_node *n, const void *key)
+{
+	return !strcmp(sbx_hashmap_entry(n, struct setname, node)->name, key);
+}
 
 static bool set_has(const struct nameset *s, const char *name)
 {
-	if (!s->cap)
-		return false;
-	for (size_t i = fnv(name, strlen(name)) & (s->cap - 1);;
-	     i = (i + 1) & (s->cap - 1)) {
-		if (!s->slots[i])
-			return false;
-		if (!strcmp(s->slots[i], name))
-			return true;
-	}
+	return sbx_hashmap_find(&s->map, sbx_fnv1a_str(name), name_eq,
+				name) != NULL;
 }
 
 static void set_add(struct nameset *s, const char *name)
 {
-	size_t i;
+	size_t len = strlen(name);
+	struct setname *e;
 
 	if (set_has(s, name))
 		return;
-	if (2 * (s->n + 1) > s->cap) {
-		struct nameset big = { 0 };
-
-		big.cap = s->cap ? 2 * s->cap : 256;
-		big.slots = sbx_xcalloc(big.cap, sizeof(*big.slots));
-		for (size_t k = 0; k < s->cap; k++) {
-			if (!s->slots[k])
-				continue;
-			for (i = fnv(s->slots[k], strlen(s->slots[k])) &
-				 (big.cap - 1);
-			     big.slots[i]; i = (i + 1) & (big.cap - 1))
-				;
-			big.slots[i] = s->slots[k];
-		}
-		big.n = s->n;
-		free(s->slots);
-		*s = big;
-	}
-	for (i = fnv(name, strlen(name)) & (s->cap - 1); s->slots[i];
-	     i = (i + 1) & (s->cap - 1))
-		;
-	s->slots[i] = sbx_xstrdup(name);
-	s->n++;
+	e = sbx_xcalloc(1, sizeof(*e) + len + 1);
+	memcpy(e->name, name, len + 1);
+	sbx_hashmap_insert(&s->map, &e->node, sbx_fnv1a(name, len));
 }
 
 static void set_fini(struct nameset *s)
 {
-	for (size_t i = 0; i < s->cap; i++)
-		free(s->slots[i]);
-	free(s->slots);
-	memset(s, 0, sizeof(*s));
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *n;
+
+	sbx_hashmap_iter_init(&it, &s->map);
+	while ((n = sbx_hashmap_next(&it)))
+		free(sbx_hashmap_entry(n, struct setname, node));
+	sbx_hashmap_fini(&s->map);
 }
 
 /* ---- GET: the writer --------------------------------------------------------- */
@@ -138,9 +116,10 @@ struct wdir {
 
 /* First name of a multi-link inode, for hard link entries. */
 struct wlink {
+	struct sbx_hashmap_node node; /* in tarw.links, by (dev, ino) */
 	dev_t dev;
 	ino_t ino;
-	char *name; /* NULL: empty slot */
+	char *name;
 };
 
 struct tarw {
@@ -153,8 +132,7 @@ struct tarw {
 	char *fpath;
 	uint64_t size, sent;
 	bool short_read;
-	struct wlink *links;
-	size_t lcap, nlinks;
+	struct sbx_hashmap links; /* struct wlink */
 	unsigned char *rbuf;
 };
 
@@ -219,39 +197,30 @@ static void pop_dir(struct tarw *t)
 	close(w->fd);
 }
 
+static bool link_eq(const struct sbx_hashmap_node *n, const void *key)
+{
+	const struct wlink *l = sbx_hashmap_entry(n, struct wlink, node);
+	const struct stat *st = key;
+
+	return l->ino == st->st_ino && l->dev == st->st_dev;
+}
+
 /* The first name seen for (dev, ino), or NULL after recording `name`. */
 static const char *link_seen(struct tarw *t, const struct stat *st,
 			     const char *name)
 {
-	size_t i;
+	uint64_t h = sbx_fnv1a(&st->st_ino, sizeof(st->st_ino));
+	struct sbx_hashmap_node *n;
+	struct wlink *l;
 
-	if (2 * (t->nlinks + 1) > t->lcap) {
-		size_t ncap = t->lcap ? 2 * t->lcap : 64;
-		struct wlink *nl = sbx_xcalloc(ncap, sizeof(*nl));
-
-		for (size_t k = 0; k < t->lcap; k++) {
-			struct wlink *o = &t->links[k];
-
-			if (!o->name)
-				continue;
-			for (i = fnv(&o->ino, sizeof(o->ino)) & (ncap - 1);
-			     nl[i].name; i = (i + 1) & (ncap - 1))
-				;
-			nl[i] = *o;
-		}
-		free(t->links);
-		t->links = nl;
-		t->lcap = ncap;
-	}
-	for (i = fnv(&st->st_ino, sizeof(st->st_ino)) & (t->lcap - 1);
-	     t->links[i].name; i = (i + 1) & (t->lcap - 1))
-		if (t->links[i].ino == st->st_ino &&
-		    t->links[i].dev == st->st_dev)
-			return t->links[i].name;
-	t->links[i].dev = st->st_dev;
-	t->links[i].ino = st->st_ino;
-	t->links[i].name = sbx_xstrdup(name);
-	t->nlinks++;
+	n = sbx_hashmap_find(&t->links, h, link_eq, st);
+	if (n)
+		return sbx_hashmap_entry(n, struct wlink, node)->name;
+	l = sbx_xcalloc(1, sizeof(*l));
+	l->dev = st->st_dev;
+	l->ino = st->st_ino;
+	l->name = sbx_xstrdup(name);
+	sbx_hashmap_insert(&t->links, &l->node, h);
 	return NULL;
 }
 
@@ -448,14 +417,21 @@ static int tarw_next(struct agent_stream *s, struct sbx_buf *out)
 static void tarw_fini(struct agent_stream *s)
 {
 	struct tarw *t = (struct tarw *)s;
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *n;
 
 	if (t->fd >= 0)
 		file_done(t);
 	while (t->depth)
 		pop_dir(t);
-	for (size_t i = 0; i < t->lcap; i++)
-		free(t->links[i].name);
-	free(t->links);
+	sbx_hashmap_iter_init(&it, &t->links);
+	while ((n = sbx_hashmap_next(&it))) {
+		struct wlink *l = sbx_hashmap_entry(n, struct wlink, node);
+
+		free(l->name);
+		free(l);
+	}
+	sbx_hashmap_fini(&t->links);
 	free(t->stack);
 	free(t->rbuf);
 	free(t->rel);
@@ -557,45 +533,11 @@ static int fail_entry(struct tarx *x, const char *name, int rc)
  */
 static int name_norm(const char *in, char **out)
 {
-	size_t n = strlen(in), o = 0;
-	char *res;
-
 	*out = NULL;
 	if (in[0] == '/')
 		return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
 				     "absolute name \"%s\"", in);
-	if (n >= PATH_MAX)
-		return sbx_error_set(SBX_ERR_PROTO, -ENAMETOOLONG,
-				     "name too long (%zu bytes)", n);
-	res = sbx_xmalloc(n + 1);
-	for (size_t i = 0; i < n;) {
-		size_t j = i;
-
-		while (j < n && in[j] != '/')
-			j++;
-		if (j - i == 2 && in[i] == '.' && in[i + 1] == '.') {
-			if (o == 0) {
-				free(res);
-				return sbx_error_set(SBX_ERR_PROTO, -EXDEV,
-						     "\"..\" in \"%s\" leaves "
-						     "the target directory",
-						     in);
-			}
-			while (o && res[o - 1] != '/')
-				o--;
-			if (o)
-				o--;
-		} else if (j - i && !(j - i == 1 && in[i] == '.')) {
-			if (o)
-				res[o++] = '/';
-			memcpy(res + o, in + i, j - i);
-			o += j - i;
-		}
-		i = j + 1;
-	}
-	res[o] = '\0';
-	*out = res;
-	return 0;
+	return sbx_proto_path_norm(in, SBX_PATH_DOTDOT_RESOLVE, out);
 }
 
 /* mkdir -p of `path` beneath conf's root (following symlinks inside). */

@@ -157,25 +157,43 @@ static int git_dir(struct agent *a, const char *path, char **out)
 /* ---- PUT /v1/repo/seed --------------------------------------------------- */
 
 /* 0 when `path` is absent or an empty directory; -ENOTEMPTY otherwise. */
+/*
+ * Open the directory `rel` (below the agent's root) for reading.  Errors
+ * are agent_open()'s, or the OS error naming `shown`.
+ */
+static int open_dir(DIR **out, struct agent *a, const char *rel,
+		    const char *shown)
+{
+	int fd = -1, rc;
+
+	*out = NULL;
+	rc = agent_open(a, rel, O_RDONLY | O_DIRECTORY, 0, &fd);
+	if (rc < 0)
+		return rc;
+	*out = fdopendir(fd);
+	if (!*out) {
+		rc = sbx_error_os("list %s", shown);
+		close(fd);
+		return rc;
+	}
+	return 0;
+}
+
 static int check_empty(struct agent *a, const char *path)
 {
 	struct dirent *e;
 	DIR *d;
-	int fd = -1, rc;
+	char *shown = sbx_xasprintf("/%s", path);
+	int rc;
 
-	rc = agent_open(a, path, O_RDONLY | O_DIRECTORY, 0, &fd);
+	rc = open_dir(&d, a, path, shown);
+	free(shown);
 	if (rc == -ENOENT) {
 		sbx_error_clear();
 		return 0;
 	}
 	if (rc < 0)
 		return rc;
-	d = fdopendir(fd);
-	if (!d) {
-		rc = sbx_error_os("list /%s", path);
-		close(fd);
-		return rc;
-	}
 	while ((e = readdir(d))) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
@@ -409,118 +427,111 @@ static bool hex2(const char *s)
 	return strlen(s) == 2 && strspn(s, "0123456789abcdef") == 2;
 }
 
-/* Every loose object id under `gd`/objects. */
-static int list_loose(struct agent *a, const char *gd, cJSON *arr)
+/*
+ * Call fn for each entry of the directory `gd`/`sub` (below the agent's
+ * root), with its DIR for *at() calls.  A directory that is not there has
+ * no entries.
+ */
+static int each_entry(struct agent *a, const char *gd, const char *sub,
+		      void (*fn)(DIR *d, const struct dirent *e, cJSON *arr),
+		      cJSON *arr)
 {
-	char *rel = join(gd, "objects");
+	char *rel = join(gd, sub);
 	struct dirent *e;
 	DIR *d = NULL;
-	int fd = -1, rc;
+	int rc;
 
-	rc = agent_open(a, rel, O_RDONLY | O_DIRECTORY, 0, &fd);
-	if (rc < 0)
-		goto out;
-	d = fdopendir(fd);
-	if (!d) {
-		rc = sbx_error_os("list %s", rel);
-		close(fd);
-		goto out;
+	rc = open_dir(&d, a, rel, rel);
+	if (rc == 0) {
+		while ((e = readdir(d)))
+			fn(d, e, arr);
+		closedir(d);
 	}
-	while ((e = readdir(d))) {
-		struct dirent *f;
-		DIR *sub;
-		int sfd;
-
-		if (!hex2(e->d_name))
-			continue;
-		sfd = openat(dirfd(d), e->d_name,
-			     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (sfd < 0)
-			continue;
-		sub = fdopendir(sfd);
-		if (!sub) {
-			close(sfd);
-			continue;
-		}
-		while ((f = readdir(sub))) {
-			char id[41];
-
-			if (strlen(f->d_name) != 38 ||
-			    strspn(f->d_name, "0123456789abcdef") != 38)
-				continue;
-			memcpy(id, e->d_name, 2);
-			memcpy(id + 2, f->d_name, 39);
-			cJSON_AddItemToArray(arr, cJSON_CreateString(id));
-		}
-		closedir(sub);
-	}
-	closedir(d);
-out:
 	if (rc == -ENOENT)
 		sbx_error_clear(), rc = 0;
 	free(rel);
 	return rc;
 }
 
+/* Loose objects: the ids under one objects/XX directory. */
+static void add_loose(DIR *d, const struct dirent *e, cJSON *arr)
+{
+	struct dirent *f;
+	DIR *sub;
+	int sfd;
+
+	if (!hex2(e->d_name))
+		return;
+	sfd = openat(dirfd(d), e->d_name,
+		     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sfd < 0)
+		return;
+	sub = fdopendir(sfd);
+	if (!sub) {
+		close(sfd);
+		return;
+	}
+	while ((f = readdir(sub))) {
+		char id[41];
+
+		if (strlen(f->d_name) != 38 ||
+		    strspn(f->d_name, "0123456789abcdef") != 38)
+			continue;
+		memcpy(id, e->d_name, 2);
+		memcpy(id + 2, f->d_name, 39);
+		cJSON_AddItemToArray(arr, cJSON_CreateString(id));
+	}
+	closedir(sub);
+}
+
+/* Packs: one that has its .idx, with its sizes and .keep reason. */
+static void add_pack(DIR *d, const struct dirent *e, cJSON *arr)
+{
+	char name[48], idx[64], keep[64], kbuf[KEEP_MAX + 1];
+	struct stat pst, ist;
+	size_t n = strlen(e->d_name);
+	cJSON *o;
+	int kfd;
+
+	if (n != 50 || strncmp(e->d_name, "pack-", 5) != 0 ||
+	    strcmp(e->d_name + 45, ".pack") != 0 ||
+	    !agent_git_oid_hex_ok(e->d_name + 5, 40))
+		return;
+	memcpy(name, e->d_name, 45);
+	name[45] = '\0';
+	snprintf(idx, sizeof(idx), "%s.idx", name);
+	snprintf(keep, sizeof(keep), "%s.keep", name);
+	if (fstatat(dirfd(d), e->d_name, &pst, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !S_ISREG(pst.st_mode) ||
+	    fstatat(dirfd(d), idx, &ist, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !S_ISREG(ist.st_mode))
+		return;
+	o = cJSON_CreateObject();
+	sbx_json_set_str(o, "name", name);
+	cJSON_AddNumberToObject(o, "size", (double)pst.st_size);
+	cJSON_AddNumberToObject(o, "idx_size", (double)ist.st_size);
+	kfd = openat(dirfd(d), keep, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (kfd >= 0) {
+		ssize_t k = read(kfd, kbuf, KEEP_MAX);
+
+		kbuf[k > 0 ? k : 0] = '\0';
+		trim(kbuf);
+		sbx_json_set_str(o, "keep", kbuf);
+		close(kfd);
+	}
+	cJSON_AddItemToArray(arr, o);
+}
+
+/* Every loose object id under `gd`/objects. */
+static int list_loose(struct agent *a, const char *gd, cJSON *arr)
+{
+	return each_entry(a, gd, "objects", add_loose, arr);
+}
+
 /* Every pack under `gd`/objects/pack that has its .idx. */
 static int list_packs(struct agent *a, const char *gd, cJSON *arr)
 {
-	char *rel = join(gd, "objects/pack");
-	struct dirent *e;
-	DIR *d = NULL;
-	int fd = -1, rc;
-
-	rc = agent_open(a, rel, O_RDONLY | O_DIRECTORY, 0, &fd);
-	if (rc < 0)
-		goto out;
-	d = fdopendir(fd);
-	if (!d) {
-		rc = sbx_error_os("list %s", rel);
-		close(fd);
-		goto out;
-	}
-	while ((e = readdir(d))) {
-		char name[48], idx[64], keep[64], kbuf[KEEP_MAX + 1];
-		struct stat pst, ist;
-		size_t n = strlen(e->d_name);
-		cJSON *o;
-		int kfd;
-
-		if (n != 50 || strncmp(e->d_name, "pack-", 5) != 0 ||
-		    strcmp(e->d_name + 45, ".pack") != 0 ||
-		    !agent_git_oid_hex_ok(e->d_name + 5, 40))
-			continue;
-		memcpy(name, e->d_name, 45);
-		name[45] = '\0';
-		snprintf(idx, sizeof(idx), "%s.idx", name);
-		snprintf(keep, sizeof(keep), "%s.keep", name);
-		if (fstatat(dirfd(d), e->d_name, &pst, AT_SYMLINK_NOFOLLOW) <
-			    0 ||
-		    !S_ISREG(pst.st_mode) ||
-		    fstatat(dirfd(d), idx, &ist, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    !S_ISREG(ist.st_mode))
-			continue;
-		o = cJSON_CreateObject();
-		sbx_json_set_str(o, "name", name);
-		cJSON_AddNumberToObject(o, "size", (double)pst.st_size);
-		cJSON_AddNumberToObject(o, "idx_size", (double)ist.st_size);
-		kfd = openat(dirfd(d), keep, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (kfd >= 0) {
-			ssize_t k = read(kfd, kbuf, KEEP_MAX);
-
-			kbuf[k > 0 ? k : 0] = '\0';
-			trim(kbuf);
-			sbx_json_set_str(o, "keep", kbuf);
-			close(kfd);
-		}
-		cJSON_AddItemToArray(arr, o);
-	}
-	closedir(d);
-out:
-	if (rc == -ENOENT)
-		sbx_error_clear(), rc = 0;
-	free(rel);
-	return rc;
+	return each_entry(a, gd, "objects/pack", add_pack, arr);
 }
 
 int agent_h_repo_state(struct agent_req *r)

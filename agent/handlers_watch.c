@@ -20,6 +20,7 @@
 #include "sbx/fswatch.h"
 #include "sbx/log.h"
 #include "sbx/proto.h"
+#include "sbx/proto_watch.h"
 #include "sbx/xmalloc.h"
 
 #include "agent_i.h"
@@ -45,17 +46,18 @@ struct agent_watch {
 	bool enabled;
 };
 
-static const char *kind_name(int kind)
+/* The wire kind of an fswatch kind. */
+static int wire_kind(int kind)
 {
 	switch (kind) {
 	case SBX_FSWATCH_ENTRY:
-		return "entry";
+		return SBX_WATCH_ENTRY;
 	case SBX_FSWATCH_DATA:
-		return "data";
+		return SBX_WATCH_DATA;
 	case SBX_FSWATCH_ATTR:
-		return "attr";
+		return SBX_WATCH_ATTR;
 	default:
-		return "overflow";
+		return SBX_WATCH_OVERFLOW;
 	}
 }
 
@@ -173,13 +175,11 @@ struct wstream {
 
 static void frame_event(struct sbx_buf *out, const struct wevent *e)
 {
-	cJSON *h = cJSON_CreateObject();
+	struct sbx_watch_frame f = {
+		.kind = wire_kind(e->kind), .seq = e->seq, .path = e->path,
+	};
 
-	cJSON_AddNumberToObject(h, "seq", (double)e->seq);
-	cJSON_AddStringToObject(h, "kind", kind_name(e->kind));
-	if (e->kind != SBX_FSWATCH_OVERFLOW)
-		cJSON_AddStringToObject(h, "path", e->path ? e->path : "");
-	agent_frame(out, h, NULL, 0);
+	agent_frame(out, sbx_watch_frame_encode(&f), NULL, 0);
 }
 
 static void frame_overflow(struct sbx_buf *out, uint64_t seq)
@@ -197,13 +197,12 @@ static int wstream_next(struct agent_stream *s, struct sbx_buf *out)
 
 	pthread_mutex_lock(&w->lock);
 	if (!ws->hello_done) {
-		cJSON *h = cJSON_CreateObject();
+		struct sbx_watch_frame f = {
+			.kind = SBX_WATCH_HELLO, .seq = w->seq,
+			.boot_id = s->a->boot_id, .watch_seq = w->seq,
+		};
 
-		cJSON_AddNumberToObject(h, "seq", (double)w->seq);
-		cJSON_AddStringToObject(h, "kind", "hello");
-		cJSON_AddStringToObject(h, "boot_id", s->a->boot_id);
-		cJSON_AddNumberToObject(h, "watch_seq", (double)w->seq);
-		agent_frame(out, h, NULL, 0);
+		agent_frame(out, sbx_watch_frame_encode(&f), NULL, 0);
 		ws->hello_done = true;
 		if (ws->overflow_first) {
 			frame_overflow(out, w->seq);
@@ -239,13 +238,13 @@ static int wstream_next(struct agent_stream *s, struct sbx_buf *out)
 			struct timespec ts;
 
 			if (now >= due) {
-				cJSON *h = cJSON_CreateObject();
+				struct sbx_watch_frame f = {
+					.kind = SBX_WATCH_HEARTBEAT,
+					.watch_seq = w->seq,
+				};
 
-				cJSON_AddStringToObject(h, "kind",
-							"heartbeat");
-				cJSON_AddNumberToObject(h, "watch_seq",
-							(double)w->seq);
-				agent_frame(out, h, NULL, 0);
+				agent_frame(out, sbx_watch_frame_encode(&f),
+					    NULL, 0);
 				goto done;
 			}
 			clock_gettime(CLOCK_REALTIME, &ts);

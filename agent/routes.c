@@ -1,8 +1,8 @@
 /*
  * The route table (docs/protocol.md, "Routes") and the health and info
  * handlers.  A static table, like OpenSSH sftp-server's handlers[]: the
- * method, the path pattern, whether the token is required and how large a
- * body may be.
+ * method and path pattern (matched by lib/httpd.c, as `sbx serve`'s are),
+ * whether the token is required and how large a body may be.
  */
 #include "config.h"
 
@@ -22,117 +22,56 @@
 #define DATA_BODY SBX_PROTO_MAX_WRITE_BODY
 
 static const struct agent_route routes[] = {
-	{ "GET", "/v1/health", agent_h_health, false, 0 },
-	{ "GET", "/v1/info", agent_h_info, true, 0 },
-	{ "GET", "/v1/fs/stat", agent_h_stat, true, 0 },
-	{ "GET", "/v1/fs/list", agent_h_list, true, 0 },
-	{ "GET", "/v1/fs/read", agent_h_read, true, 0 },
-	{ "PUT", "/v1/fs/write", agent_h_write, true, DATA_BODY },
-	{ "GET", "/v1/fs/readlink", agent_h_readlink, true, 0 },
-	{ "GET", "/v1/fs/statfs", agent_h_statfs, true, 0 },
-	{ "POST", "/v1/fs/batch", agent_h_batch, true, JSON_BODY },
-	{ "GET", "/v1/fs/bulk", agent_h_bulk, true, 0 },
-	{ "GET", "/v1/watch", agent_h_watch, true, 0 },
-	{ "GET", "/v1/archive", agent_h_archive_get, true, 0 },
+	{ { "GET", "/v1/health" }, agent_h_health, false, 0 },
+	{ { "GET", "/v1/info" }, agent_h_info, true, 0 },
+	{ { "GET", "/v1/fs/stat" }, agent_h_stat, true, 0 },
+	{ { "GET", "/v1/fs/list" }, agent_h_list, true, 0 },
+	{ { "GET", "/v1/fs/read" }, agent_h_read, true, 0 },
+	{ { "PUT", "/v1/fs/write" }, agent_h_write, true, DATA_BODY },
+	{ { "GET", "/v1/fs/readlink" }, agent_h_readlink, true, 0 },
+	{ { "GET", "/v1/fs/statfs" }, agent_h_statfs, true, 0 },
+	{ { "POST", "/v1/fs/batch" }, agent_h_batch, true, JSON_BODY },
+	{ { "GET", "/v1/fs/bulk" }, agent_h_bulk, true, 0 },
+	{ { "GET", "/v1/watch" }, agent_h_watch, true, 0 },
+	{ { "GET", "/v1/archive" }, agent_h_archive_get, true, 0 },
 	/* A streamed body of any size (extracted as it arrives). */
-	{ "PUT", "/v1/archive", agent_h_archive_put, true, 0,
+	{ { "PUT", "/v1/archive" }, agent_h_archive_put, true, 0,
 	  agent_archive_upload },
 	/* A repository: streamed like an archive, then the index refreshed. */
-	{ "PUT", "/v1/repo/seed", agent_h_repo_seed, true, 0,
+	{ { "PUT", "/v1/repo/seed" }, agent_h_repo_seed, true, 0,
 	  agent_repo_seed_upload },
-	{ "GET", "/v1/repo/state", agent_h_repo_state, true, 0 },
-	{ "POST", "/v1/repo/objects", agent_h_repo_objects, true, JSON_BODY },
-	{ "POST", "/v1/exec", agent_h_exec_start, true, JSON_BODY },
-	{ "GET", "/v1/exec/*/output", agent_h_exec_output, true, 0 },
-	{ "POST", "/v1/exec/*/stdin", agent_h_exec_stdin, true, DATA_BODY },
-	{ "POST", "/v1/exec/*/resize", agent_h_exec_resize, true, JSON_BODY },
-	{ "POST", "/v1/exec/*/signal", agent_h_exec_signal, true, JSON_BODY },
-	{ "GET", "/v1/exec/*", agent_h_exec_status, true, 0 },
-	{ "DELETE", "/v1/exec/*", agent_h_exec_delete, true, 0 },
+	{ { "GET", "/v1/repo/state" }, agent_h_repo_state, true, 0 },
+	{ { "POST", "/v1/repo/objects" }, agent_h_repo_objects, true, JSON_BODY },
+	{ { "POST", "/v1/exec" }, agent_h_exec_start, true, JSON_BODY },
+	{ { "GET", "/v1/exec/*/output" }, agent_h_exec_output, true, 0 },
+	{ { "POST", "/v1/exec/*/stdin" }, agent_h_exec_stdin, true, DATA_BODY },
+	{ { "POST", "/v1/exec/*/resize" }, agent_h_exec_resize, true, JSON_BODY },
+	{ { "POST", "/v1/exec/*/signal" }, agent_h_exec_signal, true, JSON_BODY },
+	{ { "GET", "/v1/exec/*" }, agent_h_exec_status, true, 0 },
+	{ { "DELETE", "/v1/exec/*" }, agent_h_exec_delete, true, 0 },
 };
 
-#define NROUTES (sizeof(routes) / sizeof(routes[0]))
-#define MAX_ID 64
-
-/* Exec ids are hex; allow [A-Za-z0-9_-] so a bad id gets 404, not 400. */
-static bool id_char(char c)
-{
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-	       (c >= '0' && c <= '9') || c == '-' || c == '_';
-}
-
-/*
- * Does `path` match `pattern`?  '*' stands for one non-empty id segment,
- * returned in [*id, *id + *id_len).  A trailing '/' on the path is
- * tolerated.
- */
-static bool match(const char *pattern, const char *path, const char **id,
-		  size_t *id_len)
-{
-	const char *p = pattern, *s = path;
-
-	*id = NULL;
-	*id_len = 0;
-	while (*p) {
-		if (*p == '*') {
-			const char *start = s;
-
-			while (*s && id_char(*s))
-				s++;
-			if (s == start || (size_t)(s - start) > MAX_ID)
-				return false;
-			*id = start;
-			*id_len = (size_t)(s - start);
-			p++;
-			continue;
-		}
-		if (*p != *s)
-			return false;
-		p++;
-		s++;
-	}
-	return *s == '\0' || (s[0] == '/' && s[1] == '\0');
-}
+static const struct sbx_httpd_table table = {
+	.routes = routes,
+	.n = sizeof(routes) / sizeof(routes[0]),
+	.stride = sizeof(routes[0]),
+	/* A reverse proxy may prefix anything, including a "/v1/" of its
+	 * own (the Kubernetes API server's "/api/v1/namespaces/..."). */
+	.anchor = "/v1/",
+	.flags = SBX_HTTPD_ROUTE_SLASH,
+};
 
 int agent_route_find(const struct agent_route **route_out, char **id_out,
 		     const char *method, const char *path)
 {
-	size_t plen = strlen(path);
+	size_t i;
+	int rc;
 
 	*route_out = NULL;
-	*id_out = NULL;
-	/*
-	 * Try every "/v1/" from the last to the first: a reverse proxy may
-	 * prefix anything, including a "/v1/" of its own (the Kubernetes
-	 * API server's "/api/v1/namespaces/...").
-	 */
-	for (size_t i = plen; i-- > 0;) {
-		const char *suffix = path + i;
-		bool path_known = false;
-
-		if (strncmp(suffix, "/v1/", 4) != 0)
-			continue;
-		for (size_t k = 0; k < NROUTES; k++) {
-			const char *id;
-			size_t id_len;
-
-			if (!match(routes[k].pattern, suffix, &id, &id_len))
-				continue;
-			path_known = true;
-			if (strcmp(routes[k].method, method) != 0)
-				continue;
-			*route_out = &routes[k];
-			if (id)
-				*id_out = sbx_xstrndup(id, id_len);
-			return 0;
-		}
-		if (path_known)
-			return sbx_error_set(SBX_ERR_PROTO, -EOPNOTSUPP,
-					     "method %s not allowed for %s",
-					     method, suffix);
-	}
-	return sbx_error_set(SBX_ERR_PROTO, -ENOENT, "no such route: %s",
-			     path);
+	rc = sbx_httpd_route_find(&i, id_out, &table, method, path);
+	if (rc == 0)
+		*route_out = &routes[i];
+	return rc;
 }
 
 /* ---- health and info ------------------------------------------------------ */

@@ -1,6 +1,8 @@
 /*
- * sbx-agent HTTP server: libmicrohttpd setup, request life cycle, replies,
- * streamed frame responses and shutdown.
+ * sbx-agent HTTP server: the request life cycle, replies, streamed frame
+ * responses, the untrusted-connection pool and shutdown.  Listening, the
+ * daemon's start, route matching, body accumulation and the request log
+ * are lib/httpd.c's (sbx/httpd.h), shared with `sbx serve`.
  *
  * MHD runs one thread per connection, so handlers and stream callbacks may
  * block (a watch stream waits for events, exec output for the process).
@@ -10,27 +12,27 @@
  */
 #include "config.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "sbx/httpd.h"
 #include "sbx/json.h"
 #include "sbx/log.h"
 #include "sbx/paths.h"
@@ -75,10 +77,7 @@
 
 uint64_t agent_now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+	return sbx_httpd_now_ns();
 }
 
 /* ---- replies ------------------------------------------------------------- */
@@ -86,35 +85,20 @@ uint64_t agent_now_ns(void)
 int agent_reply(struct agent_req *r, unsigned status, struct MHD_Response *resp,
 		const char *content_type)
 {
-	enum MHD_Result ret;
+	static const char *const headers[] = { SBX_HDR_AGENT, AGENT_ID, NULL };
 
-	MHD_add_response_header(resp, SBX_HDR_AGENT, AGENT_ID);
-	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-				content_type);
-	MHD_add_response_header(resp, "Cache-Control", "no-store");
-	ret = MHD_queue_response(r->conn, status, resp);
-	MHD_destroy_response(resp);
 	r->answered = true;
 	r->status = status;
-	return ret;
+	return sbx_httpd_queue(r->conn, status, resp, content_type, headers);
 }
 
 int agent_reply_json(struct agent_req *r, unsigned status, cJSON *take)
 {
-	char *text = sbx_json_print(take, false);
-	size_t len = strlen(text);
-	struct MHD_Response *resp;
+	struct MHD_Response *resp = sbx_httpd_json_response(take);
 
 	cJSON_Delete(take);
-	/* A trailing newline makes curl/test output readable; harmless. */
-	text = sbx_xrealloc(text, len + 2);
-	text[len++] = '\n';
-	text[len] = '\0';
-	resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-	if (!resp) {
-		free(text);
+	if (!resp)
 		return MHD_NO;
-	}
 	return agent_reply(r, status, resp, SBX_CT_JSON);
 }
 
@@ -294,19 +278,6 @@ static bool token_ok(struct agent *a, struct MHD_Connection *conn)
 							   SBX_HDR_TOKEN));
 }
 
-static bool content_length(struct MHD_Connection *conn, unsigned long long *out)
-{
-	const char *v = MHD_lookup_connection_value(
-		conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-	char *end;
-
-	if (!v)
-		return false;
-	errno = 0;
-	*out = strtoull(v, &end, 10);
-	return !errno && end != v;
-}
-
 static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind,
 				       const char *key, const char *value)
 {
@@ -326,12 +297,12 @@ static size_t header_size(struct MHD_Connection *conn, const char *url)
 	return total;
 }
 
-/* ---- connections ----------------------------------------------------------- */
+/* ---- connections --------------------------------------------------------- */
 
 /* One accepted connection; MHD's socket context. */
 struct agent_conn {
 	/* In the untrusted list, oldest first: protected by conns->lock. */
-	struct agent_conn *prev, *next;
+	TAILQ_ENTRY(agent_conn) link;
 	bool listed;
 	int fd;
 	struct sockaddr_storage addr;
@@ -343,8 +314,8 @@ struct agent_conn {
 
 struct agent_conns {
 	pthread_mutex_t lock;
-	struct agent_conn *head, *tail; /* untrusted, oldest first */
-	unsigned n;                     /* entries in the list */
+	TAILQ_HEAD(, agent_conn) untrusted; /* oldest first */
+	unsigned n;                         /* entries in the list */
 };
 
 static bool same_addr(const struct sockaddr_storage *x,
@@ -367,15 +338,7 @@ static void unlist(struct agent_conns *cs, struct agent_conn *c)
 {
 	if (!c->listed)
 		return;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		cs->head = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	else
-		cs->tail = c->prev;
-	c->prev = c->next = NULL;
+	TAILQ_REMOVE(&cs->untrusted, c, link);
 	c->listed = false;
 	cs->n--;
 }
@@ -402,28 +365,24 @@ static void conn_started(struct agent_conns *cs, struct agent_conn *c)
 	pthread_mutex_lock(&cs->lock);
 	/* The lifetime limit, checked whenever someone new arrives: a
 	 * connection that trickles bytes never idles, but cannot stay. */
-	while (cs->head && now - cs->head->accepted_ns >
-				   (uint64_t)UNTRUSTED_TIMEOUT_S * 1000000000ULL)
-		cut(cs, cs->head, "no token within the header timeout");
-	for (it = cs->head; it; it = it->next) {
+	while ((it = TAILQ_FIRST(&cs->untrusted)) &&
+	       now - it->accepted_ns >
+		       (uint64_t)UNTRUSTED_TIMEOUT_S * 1000000000ULL)
+		cut(cs, it, "no token within the header timeout");
+	TAILQ_FOREACH(it, &cs->untrusted, link) {
 		if (same_addr(&it->addr, &c->addr)) {
 			if (!oldest)
 				oldest = it;
 			same++;
 		}
 	}
-	c->prev = cs->tail;
-	if (cs->tail)
-		cs->tail->next = c;
-	else
-		cs->head = c;
-	cs->tail = c;
+	TAILQ_INSERT_TAIL(&cs->untrusted, c, link);
 	c->listed = true;
 	cs->n++;
 	if (same + 1 > UNTRUSTED_PER_ADDR)
 		cut(cs, oldest, "too many from one address");
 	if (cs->n > UNTRUSTED_MAX)
-		cut(cs, cs->head, "too many in all");
+		cut(cs, TAILQ_FIRST(&cs->untrusted), "too many in all");
 	pthread_mutex_unlock(&cs->lock);
 }
 
@@ -517,166 +476,134 @@ static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
 	return n;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
-				  const char *url, const char *method,
-				  const char *version, const char *upload,
-				  size_t *upload_size, void **con_cls)
+/* Headers in: refuse, route, authenticate (the `begin` hook, sbx/httpd.h). */
+static int req_begin(void **req_out, void *payload, struct MHD_Connection *conn,
+		     const char *method, const char *url)
 {
-	struct agent *a = cls;
-	struct agent_req *r = *con_cls;
+	struct agent *a = payload;
+	struct agent_req *r = sbx_xcalloc(1, sizeof(*r));
+	struct agent_conn *c = conn_of(conn);
 	unsigned long long clen;
 	bool tok;
 	int rc;
 
-	if (!r) {
-		r = sbx_xcalloc(1, sizeof(*r));
-		r->a = a;
-		r->conn = conn;
-		r->method = method;
-		r->url = sbx_xstrdup(url);
-		r->start_ns = agent_now_ns();
-		sbx_buf_init(&r->body, 0);
-		*con_cls = r;
-		sbx_error_clear();
-		if (atomic_load(&a->stopping)) {
-			sbx_error_set(SBX_ERR_STATE, -EIO, "agent shutting down");
-			return agent_reply_error(r, MHD_HTTP_SERVICE_UNAVAILABLE,
-						 -EIO);
-		}
-		{
-			struct agent_conn *c = conn_of(conn);
+	r->a = a;
+	r->conn = conn;
+	r->method = method;
+	r->url = sbx_xstrdup(url);
+	r->start_ns = agent_now_ns();
+	sbx_buf_init(&r->body, 0);
+	*req_out = r;
+	if (atomic_load(&a->stopping)) {
+		sbx_error_set(SBX_ERR_STATE, -EIO, "agent shutting down");
+		return sbx_httpd_answered(agent_reply_error(
+			r, MHD_HTTP_SERVICE_UNAVAILABLE, -EIO));
+	}
+	if (c && c->nul_in_url) {
+		c->nul_in_url = false;
+		sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+			      "NUL byte (%%00) in the URL");
+		return sbx_httpd_answered(
+			agent_reply_error(r, MHD_HTTP_BAD_REQUEST, -EINVAL));
+	}
+	tok = token_ok(a, conn);
+	if (tok)
+		conn_trust(a, conn);
+	/* MHD's pool stops headers far beyond the limit (431, its own
+	 * answer); this is the protocol's limit. */
+	if (header_size(conn, url) > SBX_PROTO_MAX_HEADERS) {
+		sbx_error_set(SBX_ERR_PROTO, -E2BIG,
+			      "request headers exceed %d bytes",
+			      SBX_PROTO_MAX_HEADERS);
+		return sbx_httpd_answered(agent_reply_error(
+			r, MHD_HTTP_CONTENT_TOO_LARGE, -E2BIG));
+	}
+	rc = agent_route_find(&r->route, &r->id, method, url);
+	if (rc < 0)
+		return sbx_httpd_answered(agent_reply_error(
+			r,
+			rc == -EOPNOTSUPP ? MHD_HTTP_METHOD_NOT_ALLOWED
+					  : MHD_HTTP_NOT_FOUND,
+			rc));
+	if (r->route->auth && !tok) {
+		sbx_error_set(SBX_ERR_PROTO, -EACCES, "missing or wrong %s",
+			      SBX_HDR_TOKEN);
+		return sbx_httpd_answered(
+			agent_reply_error(r, MHD_HTTP_UNAUTHORIZED, -EACCES));
+	}
+	if (r->route->upload) {
+		/* A streamed body: no size limit, no buffer. */
+		rc = r->route->upload(r, NULL, 0);
+		if (r->answered)
+			return SBX_HTTPD_ANSWERED;
+		return rc < 0 ? SBX_HTTPD_CLOSE : SBX_HTTPD_NEXT;
+	}
+	if (sbx_httpd_content_length(conn, &clen) &&
+	    clen > r->route->max_body) {
+		/* Answer before reading the body; MHD closes. */
+		sbx_error_set(SBX_ERR_PROTO, -EFBIG,
+			      "request body of %llu bytes exceeds %zu", clen,
+			      r->route->max_body);
+		return sbx_httpd_answered(agent_reply_error(
+			r, MHD_HTTP_CONTENT_TOO_LARGE, -EFBIG));
+	}
+	sbx_buf_init(&r->body, r->route->max_body);
+	return SBX_HTTPD_NEXT;
+}
 
-			if (c && c->nul_in_url) {
-				c->nul_in_url = false;
-				sbx_error_set(SBX_ERR_PROTO, -EINVAL,
-					      "NUL byte (%%00) in the URL");
-				return agent_reply_error(
-					r, MHD_HTTP_BAD_REQUEST, -EINVAL);
-			}
-		}
-		tok = token_ok(a, conn);
-		if (tok)
-			conn_trust(a, conn);
-		/* MHD's pool stops headers far beyond the limit (431, its
-		 * own answer); this is the protocol's limit. */
-		if (header_size(conn, url) > SBX_PROTO_MAX_HEADERS) {
-			sbx_error_set(SBX_ERR_PROTO, -E2BIG,
-				      "request headers exceed %d bytes",
-				      SBX_PROTO_MAX_HEADERS);
-			return agent_reply_error(r, MHD_HTTP_CONTENT_TOO_LARGE,
-						 -E2BIG);
-		}
-		rc = agent_route_find(&r->route, &r->id, method, url);
-		if (rc == -EOPNOTSUPP)
-			return agent_reply_error(
-				r, MHD_HTTP_METHOD_NOT_ALLOWED, rc);
+static int req_body(void *req, const char *data, size_t len)
+{
+	struct agent_req *r = req;
+	int rc;
+
+	if (r->route->upload) {
+		rc = r->route->upload(r, data, len);
 		if (rc < 0)
-			return agent_reply_error(r, MHD_HTTP_NOT_FOUND, rc);
-		if (r->route->auth && !tok) {
-			sbx_error_set(SBX_ERR_PROTO, -EACCES,
-				      "missing or wrong %s", SBX_HDR_TOKEN);
-			return agent_reply_error(r, MHD_HTTP_UNAUTHORIZED,
-						 -EACCES);
-		}
-		if (r->route->upload) {
-			/* A streamed body: no size limit, no buffer. */
-			rc = r->route->upload(r, NULL, 0);
-			return rc < 0 && !r->answered ? MHD_NO : MHD_YES;
-		}
-		if (content_length(conn, &clen) && clen > r->route->max_body) {
-			/* Answer before reading the body; MHD closes. */
-			sbx_error_set(SBX_ERR_PROTO, -EFBIG,
-				      "request body of %llu bytes exceeds "
-				      "%zu",
-				      clen, r->route->max_body);
-			return agent_reply_error(r, MHD_HTTP_CONTENT_TOO_LARGE,
-						 -EFBIG);
-		}
-		sbx_buf_init(&r->body, r->route->max_body);
-		return MHD_YES;
+			return SBX_HTTPD_CLOSE;
+		return r->answered ? SBX_HTTPD_ANSWERED : SBX_HTTPD_NEXT;
 	}
-	if (r->answered) {
-		/* Answered early (413, 401): drop whatever still comes. */
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (*upload_size && r->route->upload) {
-		rc = r->route->upload(r, upload, *upload_size);
-		*upload_size = 0;
-		return rc < 0 ? MHD_NO : MHD_YES;
-	}
-	if (*upload_size) {
-		if (!r->body_too_big &&
-		    sbx_buf_add(&r->body, upload, *upload_size) < 0) {
-			/* Chunked body over the limit: stop reading. */
-			r->body_too_big = true;
-			sbx_buf_fini(&r->body);
-			*upload_size = 0;
-			return MHD_NO;
-		}
-		*upload_size = 0;
-		return MHD_YES;
-	}
+	/* A chunked body over the limit: stop reading. */
+	if (sbx_httpd_body_add(&r->body, &r->body_too_big, data, len) < 0)
+		return SBX_HTTPD_CLOSE;
+	return SBX_HTTPD_NEXT;
+}
+
+static int req_end(void *req)
+{
+	struct agent_req *r = req;
+	int rc;
+
 	if (r->body_too_big) {
 		sbx_error_set(SBX_ERR_PROTO, -EFBIG,
 			      "request body exceeds %zu bytes",
 			      r->route->max_body);
-		return agent_reply_error(r, MHD_HTTP_CONTENT_TOO_LARGE, -EFBIG);
+		return sbx_httpd_answered(agent_reply_error(
+			r, MHD_HTTP_CONTENT_TOO_LARGE, -EFBIG));
 	}
 	rc = r->route->handler(r);
 	if (!r->answered) {
 		/* A handler that queued nothing is a bug; say so. */
 		sbx_error_set(SBX_ERR_INTERNAL, -EIO, "no response");
-		return agent_reply_error(r, 500, -EIO);
+		return sbx_httpd_answered(agent_reply_error(r, 500, -EIO));
 	}
-	return (enum MHD_Result)rc;
+	return sbx_httpd_answered(rc);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn,
-			 void **con_cls, enum MHD_RequestTerminationCode toe)
+static unsigned req_done(void *req, enum MHD_RequestTerminationCode toe)
 {
-	struct agent_req *r = *con_cls;
+	struct agent_req *r = req;
+	unsigned status = r->status;
 
-	if (!r)
-		return;
-	sbx_debug("%s %s -> %u (%.1f ms)%s", r->method, r->url, r->status,
-		  (double)(agent_now_ns() - r->start_ns) / 1e6,
-		  toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? ""
-							     : " (aborted)");
 	if (r->upload_free)
 		r->upload_free(r->upload_state);
 	sbx_buf_fini(&r->body);
 	free(r->url);
 	free(r->id);
 	free(r);
-	*con_cls = NULL;
+	return status;
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-	SBX_PRINTF(2, 0);
-
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-	char msg[512];
-	size_t n;
-
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	n = strlen(msg);
-	while (n && msg[n - 1] == '\n')
-		msg[--n] = '\0';
-	sbx_debug("libmicrohttpd: %s", msg);
-}
-
-/* ---- setup ---------------------------------------------------------------- */
-
-static int read_token(struct agent *a, const char *file)
-{
-	int rc = sbx_token_file_read(&a->token, file);
-
-	if (rc == 0)
-		a->token_len = strlen(a->token);
-	return rc;
-}
+/* ---- setup --------------------------------------------------------------- */
 
 /*
  * --token-env NAME: the variable's value without trailing whitespace.  The
@@ -700,116 +627,6 @@ static int read_token_env(struct agent *a, const char *name)
 	explicit_bzero(v, strlen(v));
 	unsetenv(name);
 	return 0;
-}
-
-static int listen_unix(struct agent *a, const char *path)
-{
-	struct sockaddr_un sun = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd;
-
-	if (strlen(path) >= sizeof(sun.sun_path))
-		return sbx_error_set(SBX_ERR_CONFIG, -ENAMETOOLONG,
-				     "unix socket path too long: %s", path);
-	memcpy(sun.sun_path, path, strlen(path) + 1);
-	/* A stale socket from a previous run; never remove anything else. */
-	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-		unlink(path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return sbx_error_os("socket");
-	if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0 ||
-	    listen(fd, 128) < 0) {
-		int rc = sbx_error_os("listen on unix:%s", path);
-
-		close(fd);
-		return rc;
-	}
-	a->listen_fd = fd;
-	a->unix_path = sbx_xstrdup(path);
-	printf("listening on unix:%s\n", path);
-	return 0;
-}
-
-static int listen_tcp(struct agent *a, const char *spec)
-{
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_PASSIVE };
-	struct addrinfo *res = NULL, *ai;
-	char *host = NULL, *port;
-	const char *colon;
-	int fd = -1, rc, one = 1;
-
-	/* HOST:PORT, [V6]:PORT or :PORT (all addresses). */
-	if (spec[0] == '[') {
-		const char *close_b = strchr(spec, ']');
-
-		if (!close_b || close_b[1] != ':')
-			goto bad;
-		host = sbx_xstrndup(spec + 1, (size_t)(close_b - spec - 1));
-		colon = close_b + 1;
-	} else {
-		colon = strrchr(spec, ':');
-		if (!colon)
-			goto bad;
-		host = sbx_xstrndup(spec, (size_t)(colon - spec));
-	}
-	port = (char *)colon + 1;
-	if (!*port)
-		goto bad;
-	rc = getaddrinfo(*host ? host : NULL, port, &hints, &res);
-	if (rc) {
-		rc = sbx_error_set(SBX_ERR_CONFIG, -EINVAL, "--listen %s: %s",
-				   spec, gai_strerror(rc));
-		goto out;
-	}
-	rc = -EADDRNOTAVAIL;
-	for (ai = res; ai; ai = ai->ai_next) {
-		fd = socket(ai->ai_family,
-			    ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-			    ai->ai_protocol);
-		if (fd < 0)
-			continue;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-		    listen(fd, 128) == 0)
-			break;
-		rc = sbx_error_os("listen on %s", spec);
-		close(fd);
-		fd = -1;
-	}
-	if (fd < 0) {
-		if (rc == -EADDRNOTAVAIL)
-			rc = sbx_error_set(SBX_ERR_CONFIG, rc,
-					   "--listen %s: no usable address",
-					   spec);
-		goto out;
-	}
-	{
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
-		char h[NI_MAXHOST], p[NI_MAXSERV];
-
-		if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-		    getnameinfo((struct sockaddr *)&ss, sl, h, sizeof(h), p,
-				sizeof(p), NI_NUMERICHOST | NI_NUMERICSERV) ==
-			    0)
-			printf("listening on %s%s%s:%s\n",
-			       ss.ss_family == AF_INET6 ? "[" : "", h,
-			       ss.ss_family == AF_INET6 ? "]" : "", p);
-	}
-	a->listen_fd = fd;
-	rc = 0;
-out:
-	if (res)
-		freeaddrinfo(res);
-	free(host);
-	return rc;
-bad:
-	free(host);
-	return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-			     "--listen %s: expected HOST:PORT or unix:PATH",
-			     spec);
 }
 
 static void random_hex(char *out, size_t bytes)
@@ -858,13 +675,14 @@ int agent_server_run(const struct agent_options *opt)
 {
 	struct agent a = { .root_fd = -1, .listen_fd = -1 };
 	char *cert = NULL, *key = NULL;
-	unsigned flags;
+	struct sbx_httpd *httpd = NULL;
 	sigset_t set;
 	int rc, sig;
 	struct stat st;
 	struct agent_conns conns = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 	atomic_init(&a.stopping, false);
+	TAILQ_INIT(&conns.untrusted);
 	a.conns = &conns;
 	random_hex(a.boot_id, 16);
 	a.root_path = realpath(opt->root, NULL);
@@ -881,44 +699,43 @@ int agent_server_run(const struct agent_options *opt)
 	if (opt->token_env)
 		rc = read_token_env(&a, opt->token_env);
 	else
-		rc = read_token(&a, opt->token_file);
+		rc = sbx_token_file_read(&a.token, opt->token_file);
 	if (rc < 0)
 		goto out;
+	a.token_len = strlen(a.token);
 	if ((opt->tls_cert != NULL) != (opt->tls_key != NULL)) {
 		rc = sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
 				   "--tls-cert and --tls-key go together");
 		goto out;
 	}
+	if (opt->tls_cert &&
+	    MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+		/* Before anything is read or bound. */
+		rc = sbx_error_set(SBX_ERR_CONFIG, -ENOTSUP,
+				   "this libmicrohttpd has no TLS");
+		goto out;
+	}
 	if (opt->tls_cert) {
-		if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
-			rc = sbx_error_set(SBX_ERR_CONFIG, -ENOTSUP,
-					   "this libmicrohttpd has no TLS");
-			goto out;
-		}
 		rc = read_file_mem(opt->tls_cert, &cert);
 		if (rc == 0)
 			rc = read_file_mem(opt->tls_key, &key);
 		if (rc < 0)
 			goto out;
 	}
-	if (!strncmp(opt->listen, "unix:", 5))
-		rc = listen_unix(&a, opt->listen + 5);
-	else
-		rc = listen_tcp(&a, opt->listen);
+	if (!strncmp(opt->listen, "unix:", 5)) {
+		rc = sbx_httpd_listen_unix(&a.listen_fd, opt->listen + 5, 0);
+		if (rc == 0)
+			a.unix_path = sbx_xstrdup(opt->listen + 5);
+	} else {
+		rc = sbx_httpd_listen_tcp(&a.listen_fd, NULL, opt->listen, 0);
+	}
 	if (rc < 0)
 		goto out;
 	fflush(stdout);
 
-	/* Signals: SIGPIPE ignored (writes to gone clients and exited
-	 * commands' stdin fail with EPIPE instead); SIGINT/TERM/HUP are
-	 * blocked in every thread and taken by sigwait() below.  Children
-	 * reset both (handlers_exec.c). */
-	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	/* Also the writes to exited commands' stdin fail with EPIPE then;
+	 * children reset both (handlers_exec.c). */
+	sbx_httpd_block_signals(&set);
 
 	rc = agent_exec_init(&a);
 	if (rc < 0)
@@ -928,37 +745,28 @@ int agent_server_run(const struct agent_options *opt)
 		sbx_error_clear();
 	}
 
-	flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-		MHD_USE_ERROR_LOG;
-	if (cert)
-		flags |= MHD_USE_TLS;
-	a.mhd = MHD_start_daemon(
-		flags, 0, NULL, NULL, on_request, &a,
-		/* First, so that MHD's own messages go through it too. */
-		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-		MHD_OPTION_LISTEN_SOCKET, a.listen_fd,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+	rc = sbx_httpd_start(&httpd, &(const struct sbx_httpd_opts){
+		.listen_fd = a.listen_fd,
+		.tls_cert = cert,
+		.tls_key = key,
+		.conn_memory = CONN_MEMORY,
 		/* Until the token is shown; then CONN_TIMEOUT_S. */
-		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)UNTRUSTED_TIMEOUT_S,
-		MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
-		MHD_OPTION_NOTIFY_CONNECTION, conn_notify, &a,
-		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-		MHD_OPTION_NOTIFY_COMPLETED, on_completed, &a,
-		cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert,
-		MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);
-	if (!a.mhd) {
-		rc = sbx_error_set(SBX_ERR_OS, -EIO,
-				   "cannot start the HTTP server (SBX_LOG=debug "
-				   "shows libmicrohttpd's reason)");
+		.conn_timeout_s = UNTRUSTED_TIMEOUT_S,
+		.conn_limit = CONN_LIMIT,
+		.begin = req_begin,
+		.body = req_body,
+		.end = req_end,
+		.done = req_done,
+		.on_connection = conn_notify,
+		.unescape = unescape,
+		.payload = &a,
+	});
+	if (rc < 0)
 		goto out_stop;
-	}
+	a.mhd = sbx_httpd_daemon(httpd);
 	sbx_info("serving %s on %s (boot %s)", a.root_path, opt->listen,
 		 a.boot_id);
-	do {
-		sig = 0;
-		if (sigwait(&set, &sig) != 0)
-			break;
-	} while (sig == 0);
+	sig = sbx_httpd_wait_signal(&set);
 	sbx_info("signal %d: shutting down", sig);
 
 	/* Refuse new requests, wake blocked streams, then stop MHD (it joins
@@ -966,7 +774,8 @@ int agent_server_run(const struct agent_options *opt)
 	atomic_store(&a.stopping, true);
 	agent_watch_wake(&a);
 	agent_exec_wake(&a);
-	MHD_stop_daemon(a.mhd);
+	sbx_httpd_stop(httpd);
+	a.mhd = NULL;
 	a.listen_fd = -1; /* closed by MHD */
 	rc = 0;
 out_stop:
