@@ -269,10 +269,20 @@ int cli_main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
+	/*
+	 * getopt prefixes its messages ("unrecognized option", "requires an
+	 * argument") with argv[0]: make that "sbx", and "sbx CMD" for a
+	 * subcommand, as cli_usage() prints (docs/cli.md: errors are
+	 * prefixed `sbx:`).  No command reads its argv[0].
+	 */
+	static char prog[] = "sbx";
+	static char cmd_prog[64];
 	const struct cli_cmd *c;
 	int opt;
 
 	sbx_log_init("sbx");
+	if (argc > 0)
+		argv[0] = prog;
 	/* "+": stop at the subcommand; its options are its own. */
 	while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
 		switch (opt) {
@@ -301,6 +311,8 @@ int cli_main(int argc, char **argv)
 	}
 	argc -= optind;
 	argv += optind;
+	snprintf(cmd_prog, sizeof(cmd_prog), "sbx %s", c->name);
+	argv[0] = cmd_prog;
 	optind = 0; /* full getopt re-initialisation for the subcommand */
 	return c->run(argc, argv);
 }

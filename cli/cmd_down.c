@@ -22,6 +22,7 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
+#include "args_i.h"
 #include "repo_i.h"
 
 /* Remount after a refused terminate; reports both errors if that fails. */
@@ -180,10 +181,10 @@ int cli_cmd_down(int argc, char **argv)
 		default: return cli_common_opt("down", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("down", "expected one session NAME");
-	if (cli_check_name("down", argv[optind]))
-		return CLI_EXIT_USAGE;
+	rc = cli_args_name("down", argc, argv, 1, 1,
+			   "expected one session NAME");
+	if (rc != CLI_EXIT_OK)
+		return rc;
 	if (keep && flags)
 		return cli_usage("down", "--keep-sandbox cannot be combined "
 					 "with --force or --delete-branch");

@@ -106,14 +106,9 @@ static int run_exec(const struct exec_args *a)
 			.argv = (const char *const *)a->argv,
 			.envp = (const char *const *)env,
 			.cwd = a->dir ? a->dir : "",
-			.tty = a->tty >= 0 ? a->tty : (isatty(0) && isatty(1)),
-			.in_fd = 0,
-			.out_fd = 1,
-			.err_fd = 2,
-			.forward_signals = true,
-			.pass_fds = true,
 		};
 
+		sbx_ctl_run_opts_stdio(&o, a->tty);
 		rc = sbx_ctl_run(&o, &status);
 	}
 	sbx_ctl_env_free(env);

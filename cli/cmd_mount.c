@@ -10,6 +10,7 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
+#include "args_i.h"
 
 int cli_cmd_mount(int argc, char **argv)
 {
@@ -36,10 +37,9 @@ int cli_cmd_mount(int argc, char **argv)
 		default: return cli_common_opt("mount", opt);
 		}
 	}
-	if (argc - optind < 1 || argc - optind > 2)
-		return cli_usage("mount", "expected NAME [DIR]");
-	if (cli_check_name("mount", argv[optind]))
-		return CLI_EXIT_USAGE;
+	ret = cli_args_name("mount", argc, argv, 1, 2, "expected NAME [DIR]");
+	if (ret != CLI_EXIT_OK)
+		return ret;
 	if (argc - optind == 2)
 		dir = argv[optind + 1];
 
@@ -117,10 +117,10 @@ int cli_cmd_umount(int argc, char **argv)
 		default: return cli_common_opt("umount", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("umount", "expected one session NAME");
-	if (cli_check_name("umount", argv[optind]))
-		return CLI_EXIT_USAGE;
+	ret = cli_args_name("umount", argc, argv, 1, 1,
+			    "expected one session NAME");
+	if (ret != CLI_EXIT_OK)
+		return ret;
 	rc = cli_session_lock_load(&s, &lock, argv[optind]);
 	if (rc == 0)
 		rc = cli_daemon_stop(&s, force);

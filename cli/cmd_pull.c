@@ -93,7 +93,7 @@ int cli_session_pull(const struct sbx_session *s, const char *repo,
 	memset(out, 0, sizeof(*out));
 	rc = cli_session_provider(&p, s);
 	if (rc == 0)
-		rc = p->ops->open(p, s->session, &sb);
+		rc = sbx_provider_open(&sb, p, s->session);
 	if (rc < 0) {
 		rc = sbx_error_prefix(rc, "open the sandbox of %s",
 				      s->session);
@@ -123,7 +123,7 @@ void cli_status_branch(cJSON *st, const struct sbx_session *s)
 		   strcmp(sbx_json_str(st, "state") ? sbx_json_str(st, "state")
 						    : "", "ready") == 0 &&
 		   cli_session_provider(&p, s) == 0 &&
-		   p->ops->open(p, s->session, &sb) == 0 &&
+		   sbx_provider_open(&sb, p, s->session) == 0 &&
 		   cli_repo_branch_status(&b, sb, s->repo, s->session) < 0) {
 		b = NULL;
 	}

@@ -14,6 +14,39 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
+#include "args_i.h"
+
+/* A session under its lock, with its provider: what snapshot and restore
+ * work on. */
+struct locked {
+	struct sbx_session s;
+	struct sbx_provider *p;
+	int lock;
+};
+
+static int locked_open(struct locked *l, const char *name)
+{
+	int rc;
+
+	sbx_session_init(&l->s);
+	l->p = NULL;
+	l->lock = -1;
+	rc = cli_session_lock_load(&l->s, &l->lock, name);
+	if (rc == 0)
+		rc = cli_session_provider(&l->p, &l->s);
+	return rc;
+}
+
+/* Report a failure (rc < 0), release everything; the exit code. */
+static int locked_close(struct locked *l, int rc)
+{
+	int ret = rc < 0 ? cli_report(CLI_EXIT_FAIL) : CLI_EXIT_OK;
+
+	sbx_provider_free(l->p);
+	sbx_state_unlock(l->lock);
+	sbx_session_fini(&l->s);
+	return ret;
+}
 
 int cli_cmd_snapshot(int argc, char **argv)
 {
@@ -22,40 +55,29 @@ int cli_cmd_snapshot(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
-	struct sbx_provider *p = NULL;
-	struct sbx_session s;
+	struct locked l;
 	const char *msg = NULL;
 	char *id = NULL;
-	int opt, rc, lock = -1, ret;
+	int opt, rc;
 
-	sbx_session_init(&s);
 	while ((opt = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'm': msg = optarg; break;
 		default: return cli_common_opt("snapshot", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("snapshot", "expected one session NAME");
-	if (cli_check_name("snapshot", argv[optind]))
-		return CLI_EXIT_USAGE;
-	rc = cli_session_lock_load(&s, &lock, argv[optind]);
+	rc = cli_args_name("snapshot", argc, argv, 1, 1,
+			   "expected one session NAME");
+	if (rc != CLI_EXIT_OK)
+		return rc;
+	rc = locked_open(&l, argv[optind]);
 	if (rc == 0)
-		rc = cli_session_provider(&p, &s);
+		rc = l.p->ops->snapshot(l.p, l.s.session,
+					msg ? msg : "sbx snapshot", &id);
 	if (rc == 0)
-		rc = p->ops->snapshot(p, s.session, msg ? msg : "sbx snapshot",
-				      &id);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
-	} else {
 		printf("%s\n", id);
-		ret = CLI_EXIT_OK;
-	}
 	free(id);
-	sbx_provider_free(p);
-	sbx_state_unlock(lock);
-	sbx_session_fini(&s);
-	return ret;
+	return locked_close(&l, rc);
 }
 
 struct list_ctx {
@@ -102,10 +124,10 @@ int cli_cmd_snapshots(int argc, char **argv)
 		default: return cli_common_opt("snapshots", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("snapshots", "expected one session NAME");
-	if (cli_check_name("snapshots", argv[optind]))
-		return CLI_EXIT_USAGE;
+	ret = cli_args_name("snapshots", argc, argv, 1, 1,
+			    "expected one session NAME");
+	if (ret != CLI_EXIT_OK)
+		return ret;
 	ctx.arr = cJSON_CreateArray();
 	/* Read-only: listing refs needs no lock. */
 	rc = sbx_state_load(&s, argv[optind]);
@@ -170,38 +192,27 @@ int cli_cmd_restore(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
-	struct sbx_provider *p = NULL;
-	struct sbx_session s;
+	struct locked l;
 	char *saved = NULL;
-	int opt, rc, lock = -1, ret;
+	int opt, rc;
 
-	sbx_session_init(&s);
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1)
 		return cli_common_opt("restore", opt);
-	if (argc - optind != 2)
-		return cli_usage("restore", "expected NAME SNAPSHOT");
-	if (cli_check_name("restore", argv[optind]))
-		return CLI_EXIT_USAGE;
-	rc = cli_session_lock_load(&s, &lock, argv[optind]);
+	rc = cli_args_name("restore", argc, argv, 2, 2,
+			   "expected NAME SNAPSHOT");
+	if (rc != CLI_EXIT_OK)
+		return rc;
+	rc = locked_open(&l, argv[optind]);
 	if (rc == 0)
-		rc = cli_session_provider(&p, &s);
+		rc = l.p->ops->restore(l.p, l.s.session, argv[optind + 1],
+				       &saved);
 	if (rc == 0)
-		rc = p->ops->restore(p, s.session, argv[optind + 1], &saved);
-	if (rc == 0)
-		rc = remount_if_replaced(p, &s, lock);
-	if (rc < 0) {
-		ret = cli_report(CLI_EXIT_FAIL);
-	} else {
-		if (saved) {
-			printf("%s\n", saved);
-			fprintf(stderr, "sbx: the previous state was saved as "
-					"snapshot %s\n", saved);
-		}
-		ret = CLI_EXIT_OK;
+		rc = remount_if_replaced(l.p, &l.s, l.lock);
+	if (rc == 0 && saved) {
+		printf("%s\n", saved);
+		fprintf(stderr, "sbx: the previous state was saved as "
+				"snapshot %s\n", saved);
 	}
 	free(saved);
-	sbx_provider_free(p);
-	sbx_state_unlock(lock);
-	sbx_session_fini(&s);
-	return ret;
+	return locked_close(&l, rc);
 }

@@ -17,6 +17,7 @@
 #include "sbx/status.h"
 #include "sbx/xmalloc.h"
 #include "cli_i.h"
+#include "args_i.h"
 #include "repo_i.h"
 
 static const char *or_dash(const char *s)
@@ -111,10 +112,10 @@ int cli_cmd_status(int argc, char **argv)
 		default: return cli_common_opt("status", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("status", "expected one session NAME");
-	if (cli_check_name("status", argv[optind]))
-		return CLI_EXIT_USAGE;
+	ret = cli_args_name("status", argc, argv, 1, 1,
+			    "expected one session NAME");
+	if (ret != CLI_EXIT_OK)
+		return ret;
 	if (sbx_state_load(&s, argv[optind]) < 0)
 		return cli_report(CLI_EXIT_FAIL);
 	/* The record, the provider, then the daemon (status_ask.c). */

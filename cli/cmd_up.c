@@ -90,6 +90,25 @@ static int gen_name(char **out, const char *repo)
 }
 
 /*
+ * obj[key] = the file given to option `flag`, made absolute, because the
+ * daemon and later commands run from other directories.  CLI_EXIT_OK, or
+ * the usage exit code when the value is empty or cannot be expanded.
+ */
+static int file_flag(cJSON *obj, const char *key, const char *flag,
+		     const char *value)
+{
+	char *abs = NULL;
+
+	if (!*value || sbx_path_expand_user(&abs, value) < 0) {
+		sbx_error_clear();
+		return cli_usage("up", "%s needs a file", flag);
+	}
+	sbx_json_set_str(obj, key, abs);
+	free(abs);
+	return CLI_EXIT_OK;
+}
+
+/*
  * --url, --token-file, --timeout: the "remote" section of the command-line
  * layer.  The token file is made absolute here, because the daemon and
  * later commands run from other directories.
@@ -97,7 +116,8 @@ static int gen_name(char **out, const char *repo)
 static int remote_flags(cJSON *flags, const struct up_opts *o)
 {
 	cJSON *remote = cJSON_CreateObject();
-	char *abs = NULL, *end = NULL;
+	char *end = NULL;
+	int rc;
 
 	if (!remote)
 		abort();
@@ -108,15 +128,11 @@ static int remote_flags(cJSON *flags, const struct up_opts *o)
 		}
 		sbx_json_set_str(remote, "url", o->url);
 	}
-	if (o->token_file) {
-		if (!*o->token_file ||
-		    sbx_path_expand_user(&abs, o->token_file) < 0) {
-			sbx_error_clear();
-			cJSON_Delete(remote);
-			return cli_usage("up", "--token-file needs a file");
-		}
-		sbx_json_set_str(remote, "token_file", abs);
-		free(abs);
+	if (o->token_file &&
+	    (rc = file_flag(remote, "token_file", "--token-file",
+			    o->token_file)) != CLI_EXIT_OK) {
+		cJSON_Delete(remote);
+		return rc;
 	}
 	if (o->timeout) {
 		double t = strtod(o->timeout, &end);
@@ -148,7 +164,7 @@ static int kube_flags(cJSON *flags, const struct up_opts *o)
 		{"--namespace", "namespace", o->ns},
 		{"--context", "context", o->context},
 	};
-	char *abs = NULL;
+	int rc;
 
 	if (!k)
 		abort();
@@ -161,15 +177,11 @@ static int kube_flags(cJSON *flags, const struct up_opts *o)
 		}
 		sbx_json_set_str(k, v[i].key, v[i].value);
 	}
-	if (o->kubeconfig) {
-		if (!*o->kubeconfig ||
-		    sbx_path_expand_user(&abs, o->kubeconfig) < 0) {
-			sbx_error_clear();
-			cJSON_Delete(k);
-			return cli_usage("up", "--kubeconfig needs a file");
-		}
-		sbx_json_set_str(k, "kubeconfig", abs);
-		free(abs);
+	if (o->kubeconfig &&
+	    (rc = file_flag(k, "kubeconfig", "--kubeconfig",
+			    o->kubeconfig)) != CLI_EXIT_OK) {
+		cJSON_Delete(k);
+		return rc;
 	}
 	/* --image means the same for the modal provider. */
 	if (o->image) {

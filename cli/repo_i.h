@@ -38,13 +38,6 @@ struct sbx_session;
 /* Where a pull keeps the sandbox's branch head, whatever sbx/NAME says. */
 #define CLI_PULLED_PREFIX "refs/sbx/pulled/"
 
-/*
- * Record a libgit2 failure ("<what>: <libgit2 message>", class GIT, detail
- * the libgit2 code) and return the matching negative errno (-ENOENT for
- * GIT_ENOTFOUND, -EEXIST, -EINVAL, -EBUSY, else -EIO).
- */
-int cli_git_fail(int gitrc, const char *fmt, ...) SBX_PRINTF(2, 3);
-
 /* ---- repo_odb.c --------------------------------------------------------- */
 
 /* A set of object ids (open addressing); zero-initialised is empty. */

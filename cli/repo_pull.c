@@ -32,6 +32,7 @@
 #include "sbx/log.h"
 #include "sbx/provider.h"
 #include "sbx/xmalloc.h"
+#include "sbx/gitsource.h"
 #include "repo_i.h"
 
 #define LOOSE_MAX (1024u * 1024 * 1024)
@@ -165,7 +166,7 @@ static int take_loose(struct recv *r, const char *name, const void *data,
 	}
 	rc = git_odb_write(&got, r->odb, raw + hdr, (size_t)size, type);
 	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot store object %s", hex);
+		rc = sbx_git_fail(rc, "cannot store object %s", hex);
 		goto out;
 	}
 	cli_oidset_add(&r->fresh, &want);
@@ -220,7 +221,7 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 			memset(&r->stats, 0, sizeof(r->stats));
 			rc = git_odb_write_pack(&r->wp, r->odb, NULL, NULL);
 			if (rc < 0)
-				return cli_git_fail(rc, "cannot receive %s",
+				return sbx_git_fail(rc, "cannot receive %s",
 						    name);
 		}
 		if (!r->wp)
@@ -229,7 +230,7 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 		if (len) {
 			rc = r->wp->append(r->wp, data, len, &r->stats);
 			if (rc < 0)
-				return cli_git_fail(rc, "cannot receive %s",
+				return sbx_git_fail(rc, "cannot receive %s",
 						    name);
 		}
 		if (offset + len >= size) {
@@ -239,7 +240,7 @@ static int on_object(const char *name, uint64_t size, uint64_t offset,
 			r->wp->free(r->wp);
 			r->wp = NULL;
 			if (rc < 0)
-				return cli_git_fail(rc, "%s from the sandbox "
+				return sbx_git_fail(rc, "%s from the sandbox "
 						    "is not a valid pack",
 						    name);
 			r->objects += r->stats.indexed_objects;
@@ -317,7 +318,7 @@ static int complete(struct recv *r, const git_oid *tip, git_oid *missing)
 		if (!cli_oidset_has(&r->fresh, &id) && !git_oid_equal(&id, tip))
 			continue; /* was here before: complete */
 		if (git_object_lookup(&o, r->repo, &id, GIT_OBJECT_ANY) < 0) {
-			rc = cli_git_fail(-1, "cannot read object %s",
+			rc = sbx_git_fail(-1, "cannot read object %s",
 					  git_oid_tostr_s(&id));
 			break;
 		}
@@ -381,15 +382,51 @@ static int fetch(struct recv *r, struct sbx_sandbox *sb, const char **names,
 	return rc;
 }
 
+/*
+ * The object names of one repo_objects request.  `owned` keeps every name
+ * made until receive() ends; `names` is the current round's list.  Both
+ * have room for the most names all rounds together can ask for (every
+ * loose object, and an .idx and a .pack of every pack).
+ */
+struct wants {
+	const char **names;
+	size_t n;
+	char **owned;
+	size_t no;
+};
+
+static void want(struct wants *w, char *name)
+{
+	w->owned[w->no++] = name;
+	w->names[w->n++] = name;
+}
+
+/*
+ * Ask for this round's names, then walk tip's history: 1 when it is
+ * complete, 0 with *missing when not, or an error.  Empties the list for
+ * the next round.
+ */
+static int round_trip(struct recv *r, struct sbx_sandbox *sb,
+		      struct wants *w, const git_oid *tip, git_oid *missing,
+		      unsigned *requests)
+{
+	int rc = fetch(r, sb, w->names, w->n, requests);
+
+	w->n = 0;
+	if (rc < 0)
+		return rc;
+	return complete(r, tip, missing);
+}
+
 static int receive(struct recv *r, struct sbx_sandbox *sb,
 		   const struct sbx_repo_state *st, const git_oid *tip,
 		   unsigned *requests)
 {
-	const char **names = sbx_xcalloc(st->nloose + st->npacks + 1,
-					 sizeof(char *));
-	char **owned = sbx_xcalloc(st->nloose + 2 * st->npacks + 1,
-				   sizeof(char *));
-	size_t n = 0, no = 0;
+	size_t cap = st->nloose + 2 * st->npacks + 1;
+	struct wants w = {
+		.names = sbx_xcalloc(cap, sizeof(char *)),
+		.owned = sbx_xcalloc(cap, sizeof(char *)),
+	};
 	git_oid id, missing;
 	int rc;
 
@@ -398,9 +435,8 @@ static int receive(struct recv *r, struct sbx_sandbox *sb,
 		if (git_oid_fromstr(&id, st->loose[i]) < 0 ||
 		    git_odb_exists(r->odb, &id))
 			continue;
-		owned[no] = sbx_xasprintf("%.2s/%s", st->loose[i],
-					  st->loose[i] + 2);
-		names[n++] = owned[no++];
+		want(&w, sbx_xasprintf("%.2s/%s", st->loose[i],
+				       st->loose[i] + 2));
 	}
 	r->packs = sbx_xcalloc(st->npacks + 1, sizeof(*r->packs));
 	for (size_t i = 0; i < st->npacks; i++) {
@@ -409,19 +445,14 @@ static int receive(struct recv *r, struct sbx_sandbox *sb,
 		p->name = sbx_xstrdup(st->packs[i].name);
 		if (seeded_keep(&st->packs[i]))
 			continue;
-		owned[no] = sbx_xasprintf("pack/%s.idx", p->name);
-		names[n++] = owned[no++];
+		want(&w, sbx_xasprintf("pack/%s.idx", p->name));
 	}
-	rc = fetch(r, sb, names, n, requests);
-	if (rc < 0)
-		goto out;
-	rc = complete(r, tip, &missing);
+	rc = round_trip(r, sb, &w, tip, &missing, requests);
 	if (rc != 0)
 		goto out;
 
 	/* Round 2: the packs holding objects we lack (all of them when
 	 * their .idx did not come: the seed's, as a last resort). */
-	n = 0;
 	for (size_t i = 0; i < r->npacks; i++) {
 		struct pack_in *p = &r->packs[i];
 		bool need = !p->ids;
@@ -435,31 +466,21 @@ static int receive(struct recv *r, struct sbx_sandbox *sb,
 			/* Its ids count as new once it arrived. */
 			continue;
 		}
-		owned[no] = sbx_xasprintf("pack/%s.pack", p->name);
-		names[n++] = owned[no++];
+		want(&w, sbx_xasprintf("pack/%s.pack", p->name));
 	}
-	rc = fetch(r, sb, names, n, requests);
-	if (rc < 0)
-		goto out;
-	rc = complete(r, tip, &missing);
+	rc = round_trip(r, sb, &w, tip, &missing, requests);
 	if (rc != 0)
 		goto out;
 	/* Last resort: the seed's pack (this repository lost objects). */
-	n = 0;
 	for (size_t i = 0; i < r->npacks; i++) {
 		struct pack_in *p = &r->packs[i];
 
 		if (p->ids)
 			continue;
-		owned[no] = sbx_xasprintf("pack/%s.idx", p->name);
-		names[n++] = owned[no++];
-		owned[no] = sbx_xasprintf("pack/%s.pack", p->name);
-		names[n++] = owned[no++];
+		want(&w, sbx_xasprintf("pack/%s.idx", p->name));
+		want(&w, sbx_xasprintf("pack/%s.pack", p->name));
 	}
-	rc = fetch(r, sb, names, n, requests);
-	if (rc < 0)
-		goto out;
-	rc = complete(r, tip, &missing);
+	rc = round_trip(r, sb, &w, tip, &missing, requests);
 	if (rc == 0)
 		rc = sbx_error_set(SBX_ERR_PROTO, -EIO,
 				   "the sandbox's history of %s is incomplete: "
@@ -467,10 +488,10 @@ static int receive(struct recv *r, struct sbx_sandbox *sb,
 				   git_oid_tostr_s(tip),
 				   git_oid_tostr_s(&missing));
 out:
-	for (size_t i = 0; i < no; i++)
-		free(owned[i]);
-	free(owned);
-	free(names);
+	for (size_t i = 0; i < w.no; i++)
+		free(w.owned[i]);
+	free(w.owned);
+	free(w.names);
 	return rc < 0 ? rc : 0;
 }
 
@@ -496,7 +517,7 @@ static int open_local(git_repository **out, const char *repo)
 		return sbx_error_setd(SBX_ERR_CONFIG, -EINVAL, rc,
 				      "%s is not a git repository", repo);
 	if (rc < 0)
-		return cli_git_fail(rc, "cannot open the repository %s", repo);
+		return sbx_git_fail(rc, "cannot open the repository %s", repo);
 	return 0;
 }
 
@@ -523,7 +544,7 @@ static int update_branch(git_repository *repo, const char *session,
 	git_reference_free(newref);
 	newref = NULL;
 	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot set %s", pulled);
+		rc = sbx_git_fail(rc, "cannot set %s", pulled);
 		goto out;
 	}
 	rc = git_reference_lookup(&ref, repo, refname);
@@ -531,14 +552,14 @@ static int update_branch(git_repository *repo, const char *session,
 		git_error_clear();
 		rc = git_reference_create(&newref, repo, refname, tip, 0, msg);
 		if (rc < 0) {
-			rc = cli_git_fail(rc, "cannot create %s", refname);
+			rc = sbx_git_fail(rc, "cannot create %s", refname);
 			goto out;
 		}
 		out->outcome = CLI_PULL_CREATED;
 		goto out;
 	}
 	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot read %s", refname);
+		rc = sbx_git_fail(rc, "cannot read %s", refname);
 		goto out;
 	}
 	if (git_reference_type(ref) != GIT_REFERENCE_DIRECT) {
@@ -591,7 +612,7 @@ static int update_branch(git_repository *repo, const char *session,
 	rc = git_reference_create_matching(&newref, repo, refname, tip, 1,
 					   &local, msg);
 	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot move %s", refname);
+		rc = sbx_git_fail(rc, "cannot move %s", refname);
 		goto out;
 	}
 	out->outcome = CLI_PULL_FAST_FORWARD;
@@ -649,7 +670,7 @@ int cli_repo_pull(struct cli_pull_result *out, struct sbx_sandbox *sb,
 	snprintf(out->head, sizeof(out->head), "%s", st.oid);
 	rc = git_repository_odb(&r.odb, repo);
 	if (rc < 0) {
-		rc = cli_git_fail(rc, "cannot open the objects of %s",
+		rc = sbx_git_fail(rc, "cannot open the objects of %s",
 				  repo_dir);
 		goto out;
 	}

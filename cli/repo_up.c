@@ -89,7 +89,7 @@ int cli_up_seed(struct cli_seed *sd, bool implicit, struct sbx_provider *p,
 	struct sbx_sandbox *sb = NULL;
 	int rc;
 
-	rc = p->ops->open(p, s->session, &sb);
+	rc = sbx_provider_open(&sb, p, s->session);
 	if (rc == 0)
 		rc = cli_seed_send(sd, sb);
 	sbx_sandbox_free(sb);

@@ -1,5 +1,8 @@
 /*
- * Private interface of `sbx serve` (cli/cmd_serve.c, cli/serve_*.c).
+ * Private interface of `sbx serve` (cli/cmd_serve.c, cli/serve_*.c):
+ * cmd_serve.c owns the socket and the request life cycle, serve_routes.c
+ * the route table, replies, events and session routes, serve_exec.c the
+ * exec stream.  The MHD layer under them is lib/httpd.c (sbx/httpd.h).
  *
  * Threads: libmicrohttpd runs one thread per connection
  * (MHD_USE_THREAD_PER_CONNECTION), so a handler may block (a create, an
@@ -26,6 +29,7 @@
 #include "sbx/error.h"
 
 struct MHD_Connection;
+struct MHD_Response;
 struct cJSON;
 
 /* Largest request body; larger ones get 413. */
@@ -51,7 +55,7 @@ struct serve_req {
 	struct serve *srv;
 	struct MHD_Connection *conn;
 	const char *method; /* MHD's, valid for the request */
-	char *url;
+	const char *url;    /* lib/httpd.c's, valid for the request */
 	struct sbx_buf body;
 	bool body_too_big;
 	bool answered;
@@ -80,6 +84,34 @@ int serve_reply_errorf(struct serve_req *r, unsigned status,
 /* Answer with `j` (borrowed) as JSON. */
 int serve_reply_json(struct serve_req *r, unsigned status,
 		     const struct cJSON *j);
+
+/* Answer with `take` (a response of any kind, released here). */
+int serve_queue(struct serve_req *r, unsigned status,
+		struct MHD_Response *take, const char *content_type);
+
+/* The request body as a JSON object (*out owned); an empty body is {}. */
+SBX_WUR int serve_body_json(struct cJSON **out, struct serve_req *r);
+
+/*
+ * The text a streamed response (events, exec) has formatted and not yet
+ * handed to MHD.  `text` is malloc'd, NULL when nothing is pending.
+ */
+struct serve_pending {
+	char *text;
+	size_t len, off;
+};
+
+/* Make `take` (malloc'd) the pending text; nothing may be pending. */
+void serve_pending_set(struct serve_pending *p, char *take);
+
+/*
+ * Copy up to `max` pending bytes to `buf` for MHD's content reader; the
+ * text is released once all of it is copied.  Returns the count.
+ */
+size_t serve_pending_copy(struct serve_pending *p, char *buf, size_t max);
+
+/* POST /session/NAME/sandbox/exec (serve_exec.c): the NDJSON stream. */
+int serve_h_exec(struct serve_req *r, const char *name);
 
 /*
  * Record a session state change for GET /events: {"session":..,

@@ -1,5 +1,6 @@
 /*
- * sbx serve: routes, the event stream and exec streaming (docs/api.md).
+ * sbx serve: the route table, replies, the event stream and the session
+ * routes (docs/api.md); the exec stream is serve_exec.c's.
  *
  * Lifecycle routes call the same functions as the CLI (cli_session_up(),
  * cli_session_down(), the provider's snapshot operations through
@@ -8,24 +9,20 @@
 #include "config.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
-#include "sbx/ctl.h"
+#include "sbx/httpd.h"
 #include "sbx/json.h"
 #include "sbx/log.h"
 #include "sbx/paths.h"
-#include "sbx/proto.h"
 #include "sbx/provider.h"
 #include "sbx/state.h"
 #include "sbx/status.h"
@@ -35,45 +32,29 @@
 
 /* ---- replies --------------------------------------------------------- */
 
-static int reply_text(struct serve_req *r, unsigned status, char *text,
-		      const char *ctype)
+int serve_queue(struct serve_req *r, unsigned status,
+		struct MHD_Response *take, const char *content_type)
 {
-	struct MHD_Response *resp;
-	enum MHD_Result ret;
-
-	resp = MHD_create_response_from_buffer(strlen(text), text,
-					       MHD_RESPMEM_MUST_FREE);
-	if (!resp) {
-		free(text);
-		return MHD_NO;
-	}
-	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-	MHD_add_response_header(resp, "Cache-Control", "no-store");
-	ret = MHD_queue_response(r->conn, status, resp);
-	MHD_destroy_response(resp);
 	r->answered = true;
 	r->status = status;
-	return ret;
+	return sbx_httpd_queue(r->conn, status, take, content_type, NULL);
 }
 
 int serve_reply_json(struct serve_req *r, unsigned status, const cJSON *j)
 {
-	char *s = sbx_json_print(j, false);
-	char *t = sbx_xasprintf("%s\n", s);
+	struct MHD_Response *resp = sbx_httpd_json_response(j);
 
-	free(s);
-	return reply_text(r, status, t, "application/json");
+	if (!resp)
+		return MHD_NO;
+	return serve_queue(r, status, resp, "application/json");
 }
 
 static int reply_err(struct serve_req *r, unsigned status, const char *type,
 		     const char *msg)
 {
-	cJSON *o = cJSON_CreateObject(), *e = cJSON_CreateObject();
+	cJSON *o = sbx_httpd_error_json("type", type, msg);
 	int ret;
 
-	sbx_json_set_str(e, "type", type);
-	sbx_json_set_str(e, "message", msg);
-	sbx_json_set_take(o, "error", e);
 	ret = serve_reply_json(r, status, o);
 	cJSON_Delete(o);
 	return ret;
@@ -159,20 +140,40 @@ void serve_event(struct serve *srv, const char *session, const char *state,
 	pthread_mutex_unlock(&srv->ev_lock);
 }
 
+void serve_pending_set(struct serve_pending *p, char *take)
+{
+	p->text = take;
+	p->len = strlen(take);
+	p->off = 0;
+}
+
+size_t serve_pending_copy(struct serve_pending *p, char *buf, size_t max)
+{
+	size_t n = p->len - p->off;
+
+	if (n > max)
+		n = max;
+	memcpy(buf, p->text + p->off, n);
+	p->off += n;
+	if (p->off == p->len) {
+		free(p->text);
+		p->text = NULL;
+	}
+	return n;
+}
+
 struct sse {
 	struct serve *srv;
 	uint64_t next; /* next event to send */
-	char *pend;    /* formatted, not yet sent */
-	size_t plen, poff;
+	struct serve_pending pend;
 };
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct sse *x = cls;
 	struct serve *srv = x->srv;
-	size_t n;
 
-	if (!x->pend) {
+	if (!x->pend.text) {
 		struct timespec ts;
 
 		pthread_mutex_lock(&srv->ev_lock);
@@ -193,65 +194,48 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 		if (srv->ev_next - x->next > SERVE_EV_RING)
 			x->next = srv->ev_next - SERVE_EV_RING;
 		if (x->next < srv->ev_next) {
-			x->pend = sbx_xasprintf(
-				"id: %llu\nevent: session\ndata: %s\n\n",
-				(unsigned long long)x->next,
-				srv->ev_ring[x->next % SERVE_EV_RING]);
+			serve_pending_set(
+				&x->pend,
+				sbx_xasprintf(
+					"id: %llu\nevent: session\ndata: %s\n\n",
+					(unsigned long long)x->next,
+					srv->ev_ring[x->next % SERVE_EV_RING]));
 			x->next++;
 		} else {
-			x->pend = sbx_xstrdup(": keep-alive\n\n");
+			serve_pending_set(&x->pend,
+					  sbx_xstrdup(": keep-alive\n\n"));
 		}
 		pthread_mutex_unlock(&srv->ev_lock);
-		x->plen = strlen(x->pend);
-		x->poff = 0;
 	}
-	n = x->plen - x->poff;
-	if (n > max)
-		n = max;
-	memcpy(buf, x->pend + x->poff, n);
-	x->poff += n;
-	if (x->poff == x->plen) {
-		free(x->pend);
-		x->pend = NULL;
-	}
-	return (ssize_t)n;
+	return (ssize_t)serve_pending_copy(&x->pend, buf, max);
 }
 
 static void sse_free(void *cls)
 {
 	struct sse *x = cls;
 
-	free(x->pend);
+	free(x->pend.text);
 	free(x);
 }
 
-static int h_events(struct serve_req *r)
+static int h_events(struct serve_req *r, const char *unused)
 {
 	struct MHD_Response *resp;
 	struct sse *x = sbx_xcalloc(1, sizeof(*x));
-	enum MHD_Result ret;
 
 	x->srv = r->srv;
 	/* Only what happens from now on (no replay of old events). */
 	pthread_mutex_lock(&r->srv->ev_lock);
 	x->next = r->srv->ev_next;
 	pthread_mutex_unlock(&r->srv->ev_lock);
-	x->pend = sbx_xstrdup(": sbx events\n\n");
-	x->plen = strlen(x->pend);
+	serve_pending_set(&x->pend, sbx_xstrdup(": sbx events\n\n"));
 	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
 						 sse_read, x, sse_free);
 	if (!resp) {
 		sse_free(x);
 		return MHD_NO;
 	}
-	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-				"text/event-stream");
-	MHD_add_response_header(resp, "Cache-Control", "no-store");
-	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
-	MHD_destroy_response(resp);
-	r->answered = true;
-	r->status = MHD_HTTP_OK;
-	return ret;
+	return serve_queue(r, MHD_HTTP_OK, resp, "text/event-stream");
 }
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -270,8 +254,7 @@ static bool arg_true(struct serve_req *r, const char *key, bool dflt)
 	return strcmp(v, "false") != 0 && strcmp(v, "0") != 0;
 }
 
-/* The body as a JSON object; an empty body is {}. */
-static int body_json(cJSON **out, struct serve_req *r)
+int serve_body_json(cJSON **out, struct serve_req *r)
 {
 	size_t n = sbx_buf_len(&r->body);
 	int rc;
@@ -293,7 +276,7 @@ static int body_json(cJSON **out, struct serve_req *r)
 
 /* ---- sessions -------------------------------------------------------- */
 
-static int h_list(struct serve_req *r)
+static int h_list(struct serve_req *r, const char *unused)
 {
 	cJSON *arr = cJSON_CreateArray();
 	char **names = NULL;
@@ -390,7 +373,8 @@ static int run_up(cJSON **status_out, const char **type_out,
 	}
 	existed = sbx_state_exists(j->name);
 	if (!existed)
-		serve_event(j->srv, j->name, "creating", NULL);
+		serve_event(j->srv, j->name,
+			    sbx_state_name(SBX_STATE_CREATING), NULL);
 	rc = cli_session_up(status_out, &code, &o);
 	if (rc < 0) {
 		if (code == CLI_EXIT_CONFIG || code == CLI_EXIT_USAGE)
@@ -477,7 +461,7 @@ static int h_up(struct serve_req *r, const char *name)
 
 	j->srv = r->srv;
 	j->name = sbx_xstrdup(name);
-	if (body_json(&j->body, r) < 0 || body_flags(&j->flags, j->body) < 0) {
+	if (serve_body_json(&j->body, r) < 0 || body_flags(&j->flags, j->body) < 0) {
 		up_job_free(j);
 		return serve_reply_error(r, SBX_STATUS_CONFIG_ERROR);
 	}
@@ -545,13 +529,13 @@ static int h_down(struct serve_req *r, const char *name)
 	pthread_mutex_lock(&r->srv->ops_lock);
 	rc = cli_session_down(name, flags, false);
 	if (rc == 0)
-		serve_event(r->srv, name, "stopped", NULL);
+		serve_event(r->srv, name, sbx_state_name(SBX_STATE_STOPPED), NULL);
 	pthread_mutex_unlock(&r->srv->ops_lock);
 	if (rc < 0)
 		return serve_reply_error(r, SBX_STATUS_FILE_ERROR);
 	o = cJSON_CreateObject();
 	sbx_json_set_str(o, "session", name);
-	sbx_json_set_str(o, "state", "stopped");
+	sbx_json_set_str(o, "state", sbx_state_name(SBX_STATE_STOPPED));
 	ret = serve_reply_json(r, MHD_HTTP_OK, o);
 	cJSON_Delete(o);
 	return ret;
@@ -559,7 +543,8 @@ static int h_down(struct serve_req *r, const char *name)
 
 /* ---- snapshots ------------------------------------------------------- */
 
-static int h_snapshot(struct serve_req *r, const char *name, bool restore)
+static int snapshot_or_restore(struct serve_req *r, const char *name,
+			       bool restore)
 {
 	struct sbx_provider *p = NULL;
 	struct sbx_session s;
@@ -569,7 +554,7 @@ static int h_snapshot(struct serve_req *r, const char *name, bool restore)
 	int rc, lock = -1, ret;
 
 	sbx_session_init(&s);
-	rc = body_json(&body, r);
+	rc = serve_body_json(&body, r);
 	if (rc == 0 && restore) {
 		rc = sbx_json_get_string(&snap, body, "snapshot",
 					 "request body");
@@ -620,6 +605,16 @@ out:
 	return ret;
 }
 
+static int h_snapshot(struct serve_req *r, const char *name)
+{
+	return snapshot_or_restore(r, name, false);
+}
+
+static int h_restore(struct serve_req *r, const char *name)
+{
+	return snapshot_or_restore(r, name, true);
+}
+
 static int add_snap(const struct sbx_snapshot_info *snap, void *payload)
 {
 	cJSON *arr = payload, *o = cJSON_CreateObject();
@@ -656,403 +651,79 @@ static int h_snapshots(struct serve_req *r, const char *name)
 	return ret;
 }
 
-/* ---- exec ---------------------------------------------------------------- */
-
-/*
- * One streamed command.  A worker thread runs sbx_ctl_run() (the client
- * of `sbx exec`) with its stdout/stderr on two pipes; the response
- * callback turns what the pipes carry into NDJSON events.  Shared by the
- * worker and the response: the last one to let go frees it.
- */
-struct exec_job {
-	atomic_int refs;
-	char *sock;
-	char *name;
-	char *cwd;
-	char **argv;
-	char **envp;
-	int out_r, err_r; /* response side */
-	int out_w, err_w; /* worker side, closed when sbx_ctl_run returns */
-	/* Results, written by the worker before closing out_w/err_w. */
-	int rc;
-	int status;
-	int err_exit; /* sbx_ctl_error_exit_code() when rc < 0 */
-	char msg[sizeof(((struct sbx_error *)0)->msg)];
-	pthread_t thread;
-	/* Response side. */
-	char *pend;
-	size_t plen, poff;
-	bool done;
-};
-
-static void exec_unref(struct exec_job *x)
-{
-	if (atomic_fetch_sub(&x->refs, 1) != 1)
-		return;
-	for (size_t i = 0; x->argv && x->argv[i]; i++)
-		free(x->argv[i]);
-	free(x->argv);
-	sbx_ctl_env_free(x->envp);
-	free(x->sock);
-	free(x->name);
-	free(x->cwd);
-	free(x->pend);
-	free(x);
-}
-
-static void *exec_worker(void *payload)
-{
-	struct exec_job *x = payload;
-	struct sbx_ctl_run_opts o = {
-		.socket_path = x->sock,
-		.session = x->name,
-		.argv = (const char *const *)x->argv,
-		.envp = (const char *const *)x->envp,
-		.cwd = x->cwd ? x->cwd : "",
-		.in_fd = -1,
-		.out_fd = x->out_w,
-		.err_fd = x->err_w,
-	};
-
-	x->rc = sbx_ctl_run(&o, &x->status);
-	if (x->rc < 0) {
-		/* Both read this thread's error: compute them here. */
-		x->err_exit = sbx_ctl_error_exit_code(x->rc);
-		snprintf(x->msg, sizeof(x->msg), "%s", sbx_error_last()->msg);
-	}
-	/* The pipes' EOF tells the response that the results are set. */
-	close(x->out_w);
-	close(x->err_w);
-	exec_unref(x);
-	return NULL;
-}
-
-static void exec_event(struct exec_job *x, const char *stream,
-		       const char *data, size_t n)
-{
-	char *b64 = sbx_proto_base64_encode(data, n);
-
-	x->pend = sbx_xasprintf("{\"stream\":\"%s\",\"data_b64\":\"%s\"}\n",
-				stream, b64);
-	free(b64);
-}
-
-static void exec_final(struct exec_job *x)
-{
-	cJSON *o = cJSON_CreateObject();
-	char *s;
-
-	pthread_join(x->thread, NULL);
-	if (x->rc < 0) {
-		cJSON *e = cJSON_CreateObject();
-
-		sbx_json_set_str(e, "type", SBX_STATUS_EXEC_ERROR);
-		sbx_json_set_str(e, "message", x->msg);
-		sbx_json_set_take(o, "error", e);
-		cJSON_AddNumberToObject(o, "exit", x->err_exit);
-	} else {
-		cJSON_AddNumberToObject(o, "exit",
-					sbx_ctl_exit_code(x->status));
-	}
-	s = sbx_json_print(o, false);
-	x->pend = sbx_xasprintf("%s\n", s);
-	free(s);
-	cJSON_Delete(o);
-	x->done = true;
-}
-
-static ssize_t exec_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-	struct exec_job *x = cls;
-	size_t n;
-
-	while (!x->pend) {
-		struct pollfd pf[2] = {{.fd = x->out_r, .events = POLLIN},
-				       {.fd = x->err_r, .events = POLLIN}};
-		char data[24 * 1024];
-
-		if (x->done)
-			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (x->out_r < 0 && x->err_r < 0) {
-			exec_final(x);
-			break;
-		}
-		if (poll(pf, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			return MHD_CONTENT_READER_END_WITH_ERROR;
-		}
-		for (int i = 0; i < 2 && !x->pend; i++) {
-			int *fd = i == 0 ? &x->out_r : &x->err_r;
-			ssize_t got;
-
-			if (*fd < 0 || !pf[i].revents)
-				continue;
-			got = read(*fd, data, sizeof(data));
-			if (got > 0) {
-				exec_event(x, i == 0 ? "stdout" : "stderr",
-					   data, (size_t)got);
-			} else if (got == 0 ||
-				   (errno != EINTR && errno != EAGAIN)) {
-				close(*fd);
-				*fd = -1;
-			}
-		}
-	}
-	n = x->plen ? x->plen - x->poff : strlen(x->pend);
-	if (!x->plen)
-		x->plen = n;
-	if (n > max)
-		n = max;
-	memcpy(buf, x->pend + x->poff, n);
-	x->poff += n;
-	if (x->poff == x->plen) {
-		free(x->pend);
-		x->pend = NULL;
-		x->plen = x->poff = 0;
-	}
-	return (ssize_t)n;
-}
-
-static void exec_response_free(void *cls)
-{
-	struct exec_job *x = cls;
-
-	/* A client gone early: the worker's writes fail with EPIPE. */
-	if (x->out_r >= 0)
-		close(x->out_r);
-	if (x->err_r >= 0)
-		close(x->err_r);
-	if (!x->done)
-		pthread_detach(x->thread);
-	exec_unref(x);
-}
-
-static int exec_parse(struct exec_job *x, const cJSON *body)
-{
-	const cJSON *argv = cJSON_GetObjectItemCaseSensitive(body, "argv");
-	const cJSON *env = cJSON_GetObjectItemCaseSensitive(body, "env");
-	const cJSON *it;
-	char **extra = NULL;
-	char *const empty[] = {NULL};
-	size_t n = 0, ne = 0;
-	const char *cwd = NULL;
-
-	if (!cJSON_IsArray(argv) || cJSON_GetArraySize(argv) < 1)
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "'argv' must be a non-empty array");
-	x->argv = sbx_xcalloc((size_t)cJSON_GetArraySize(argv) + 1,
-			      sizeof(char *));
-	cJSON_ArrayForEach(it, argv)
-	{
-		if (!cJSON_IsString(it) || (n == 0 && !*it->valuestring))
-			return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-					     "'argv' must hold strings");
-		x->argv[n++] = sbx_xstrdup(it->valuestring);
-	}
-	if (sbx_json_get_string(&cwd, body, "cwd", "request body") < 0)
-		return -EINVAL;
-	x->cwd = cwd ? sbx_xstrdup(cwd) : NULL;
-	if (env && !cJSON_IsObject(env))
-		return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-				     "'env' must be an object");
-	extra = sbx_xcalloc((size_t)cJSON_GetArraySize(env) + 1,
-			    sizeof(char *));
-	cJSON_ArrayForEach(it, env)
-	{
-		if (!cJSON_IsString(it) || !*it->string ||
-		    strchr(it->string, '=')) {
-			for (size_t i = 0; i < ne; i++)
-				free(extra[i]);
-			free(extra);
-			return sbx_error_set(SBX_ERR_CONFIG, -EINVAL,
-					     "'env' must map names to "
-					     "strings");
-		}
-		extra[ne++] = sbx_xasprintf("%s=%s", it->string,
-					    it->valuestring);
-	}
-	/* Not this server's environment: only what the request gives,
-	 * plus the policy's defaults (docs/exec.md). */
-	sbx_ctl_env_build(&x->envp, empty, NULL, (const char *const *)extra);
-	for (size_t i = 0; i < ne; i++)
-		free(extra[i]);
-	free(extra);
-	return 0;
-}
-
-static int h_exec(struct serve_req *r, const char *name)
-{
-	struct MHD_Response *resp;
-	struct exec_job *x = NULL;
-	struct sbx_session s;
-	cJSON *body = NULL;
-	int p1[2] = {-1, -1}, p2[2] = {-1, -1};
-	enum MHD_Result ret;
-
-	sbx_session_init(&s);
-	if (body_json(&body, r) < 0) {
-		sbx_session_fini(&s);
-		return serve_reply_error(r, SBX_STATUS_CONFIG_ERROR);
-	}
-	x = sbx_xcalloc(1, sizeof(*x));
-	atomic_init(&x->refs, 1);
-	x->out_r = x->err_r = x->out_w = x->err_w = -1;
-	x->name = sbx_xstrdup(name);
-	if (exec_parse(x, body) < 0) {
-		ret = (enum MHD_Result)serve_reply_error(
-			r, SBX_STATUS_CONFIG_ERROR);
-		goto out;
-	}
-	if (sbx_state_load(&s, name) < 0) {
-		ret = (enum MHD_Result)serve_reply_error(
-			r, SBX_STATUS_EXEC_ERROR);
-		goto out;
-	}
-	if (!sbx_status_mounted(&s)) {
-		ret = (enum MHD_Result)serve_reply_errorf(
-			r, MHD_HTTP_CONFLICT, SBX_STATUS_EXEC_ERROR,
-			"session %s is not mounted (POST its sandbox first)",
-			name);
-		goto out;
-	}
-	if (s.control_socket)
-		x->sock = sbx_xstrdup(s.control_socket);
-	else if (sbx_paths_session_file(&x->sock, "run", name, ".sock") < 0) {
-		ret = (enum MHD_Result)serve_reply_error(
-			r, SBX_STATUS_EXEC_ERROR);
-		goto out;
-	}
-	if (pipe2(p1, O_CLOEXEC) < 0 || pipe2(p2, O_CLOEXEC) < 0) {
-		sbx_error_os("pipe");
-		ret = (enum MHD_Result)serve_reply_error(
-			r, SBX_STATUS_EXEC_ERROR);
-		goto out;
-	}
-	x->out_r = p1[0];
-	x->out_w = p1[1];
-	x->err_r = p2[0];
-	x->err_w = p2[1];
-	p1[0] = p1[1] = p2[0] = p2[1] = -1;
-	atomic_fetch_add(&x->refs, 1); /* the worker's */
-	if (pthread_create(&x->thread, NULL, exec_worker, x) != 0) {
-		atomic_fetch_sub(&x->refs, 1);
-		close(x->out_w);
-		close(x->err_w);
-		close(x->out_r);
-		close(x->err_r);
-		ret = (enum MHD_Result)serve_reply_errorf(
-			r, 500, SBX_STATUS_EXEC_ERROR, "cannot start a thread");
-		goto out;
-	}
-	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024,
-						 exec_read, x,
-						 exec_response_free);
-	x = NULL; /* the response's reference */
-	if (!resp) {
-		ret = MHD_NO;
-		goto out;
-	}
-	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-				"application/x-ndjson");
-	MHD_add_response_header(resp, "Cache-Control", "no-store");
-	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
-	MHD_destroy_response(resp);
-	r->answered = true;
-	r->status = MHD_HTTP_OK;
-out:
-	for (int i = 0; i < 2; i++) {
-		if (p1[i] >= 0)
-			close(p1[i]);
-		if (p2[i] >= 0)
-			close(p2[i]);
-	}
-	if (x)
-		exec_unref(x);
-	cJSON_Delete(body);
-	sbx_session_fini(&s);
-	return ret;
-}
-
 /* ---- routing --------------------------------------------------------- */
 
-enum verb { V_GET, V_POST, V_DELETE, V_OTHER };
+/* A route's handler; `name` is the session segment ('+'), or NULL. */
+typedef int (*serve_handler)(struct serve_req *r, const char *name);
 
-int serve_dispatch(struct serve_req *r)
+struct serve_route {
+	struct sbx_httpd_route match;
+	serve_handler handler;
+};
+
+static const struct serve_route routes[] = {
+	{ { "GET", "/events" }, h_events },
+	{ { "GET", "/session" }, h_list },
+	{ { "GET", "/session/" }, h_list },
+	{ { "GET", "/session/+/sandbox" }, h_get },
+	{ { "POST", "/session/+/sandbox" }, h_up },
+	{ { "DELETE", "/session/+/sandbox" }, h_down },
+	{ { "POST", "/session/+/sandbox/snapshot" }, h_snapshot },
+	{ { "POST", "/session/+/sandbox/restore" }, h_restore },
+	{ { "GET", "/session/+/sandbox/snapshots" }, h_snapshots },
+	{ { "POST", "/session/+/sandbox/exec" }, serve_h_exec },
+};
+
+static const struct sbx_httpd_table table = {
+	.routes = routes,
+	.n = sizeof(routes) / sizeof(routes[0]),
+	.stride = sizeof(routes[0]),
+};
+
+/*
+ * A session name that is not valid is a 400 whatever path follows it, so
+ * a client learns what is wrong with the name rather than "no route".
+ */
+static int check_name(const char *url)
 {
-	enum verb v = V_OTHER;
 	char name[256];
 	const char *rest, *slash;
 	size_t n;
 
-	if (strcmp(r->method, "GET") == 0)
-		v = V_GET;
-	else if (strcmp(r->method, "POST") == 0)
-		v = V_POST;
-	else if (strcmp(r->method, "DELETE") == 0)
-		v = V_DELETE;
-
-	if (strcmp(r->url, "/events") == 0) {
-		if (v != V_GET)
-			goto method;
-		return h_events(r);
-	}
-	if (strcmp(r->url, "/session") == 0 ||
-	    strcmp(r->url, "/session/") == 0) {
-		if (v != V_GET)
-			goto method;
-		return h_list(r);
-	}
-	if (strncmp(r->url, "/session/", 9) != 0)
-		goto notfound;
-	rest = r->url + 9;
+	if (strncmp(url, "/session/", 9) != 0)
+		return 0;
+	rest = url + 9;
 	slash = strchr(rest, '/');
-	if (!slash)
-		goto notfound;
-	n = (size_t)(slash - rest);
+	n = slash ? (size_t)(slash - rest) : 0;
 	if (n == 0 || n >= sizeof(name))
-		goto notfound;
+		return 0; /* no route: 404 */
 	memcpy(name, rest, n);
 	name[n] = '\0';
-	if (sbx_name_validate(name) < 0)
+	return sbx_name_validate(name);
+}
+
+int serve_dispatch(struct serve_req *r)
+{
+	char *name = NULL;
+	size_t i;
+	int rc, ret;
+
+	if (check_name(r->url) < 0)
 		return serve_reply_error(r, SBX_STATUS_CONFIG_ERROR);
-	rest = slash;
-	if (strcmp(rest, "/sandbox") == 0) {
-		if (v == V_GET)
-			return h_get(r, name);
-		if (v == V_POST)
-			return h_up(r, name);
-		if (v == V_DELETE)
-			return h_down(r, name);
-		goto method;
+	rc = sbx_httpd_route_find(&i, &name, &table, r->method, r->url);
+	if (rc == -EOPNOTSUPP) {
+		ret = serve_reply_errorf(r, MHD_HTTP_METHOD_NOT_ALLOWED,
+					 SBX_STATUS_CONFIG_ERROR,
+					 "%s is not allowed on %s", r->method,
+					 r->url);
+	} else if (rc < 0) {
+		ret = serve_reply_errorf(r, MHD_HTTP_NOT_FOUND,
+					 SBX_STATUS_NOTFOUND_ERROR,
+					 "no route %s %s", r->method, r->url);
+	} else {
+		sbx_error_clear();
+		ret = routes[i].handler(r, name);
 	}
-	if (strcmp(rest, "/sandbox/snapshot") == 0) {
-		if (v != V_POST)
-			goto method;
-		return h_snapshot(r, name, false);
-	}
-	if (strcmp(rest, "/sandbox/restore") == 0) {
-		if (v != V_POST)
-			goto method;
-		return h_snapshot(r, name, true);
-	}
-	if (strcmp(rest, "/sandbox/snapshots") == 0) {
-		if (v != V_GET)
-			goto method;
-		return h_snapshots(r, name);
-	}
-	if (strcmp(rest, "/sandbox/exec") == 0) {
-		if (v != V_POST)
-			goto method;
-		return h_exec(r, name);
-	}
-notfound:
-	return serve_reply_errorf(r, MHD_HTTP_NOT_FOUND,
-				  SBX_STATUS_NOTFOUND_ERROR, "no route %s %s",
-				  r->method, r->url);
-method:
-	return serve_reply_errorf(r, MHD_HTTP_METHOD_NOT_ALLOWED,
-				  SBX_STATUS_CONFIG_ERROR,
-				  "%s is not allowed on %s", r->method,
-				  r->url);
+	free(name);
+	return ret;
 }

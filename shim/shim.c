@@ -451,14 +451,9 @@ int shim_main(int argc, char **argv)
 			.argv = (const char *const *)cargv,
 			.envp = (const char *const *)env,
 			.cwd = m.sandbox_cwd,
-			.tty = tty >= 0 ? tty : (isatty(0) && isatty(1)),
-			.in_fd = 0,
-			.out_fd = 1,
-			.err_fd = 2,
-			.forward_signals = true,
-			.pass_fds = true,
 		};
 
+		sbx_ctl_run_opts_stdio(&o, tty);
 		rc = sbx_ctl_run(&o, &status);
 	}
 	if (rc < 0) {
