@@ -139,14 +139,12 @@ forbidden by the rules below, not in the request log)
            PodList client-side: NAME, AGE)
 """
 
-import argparse
 import base64
 import copy
 import datetime
 import http.server
 import json
 import os
-import queue
 import random
 import re
 import secrets
@@ -163,6 +161,9 @@ import traceback
 import urllib.parse
 import uuid
 from collections import deque
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fakecommon  # noqa: E402
 
 try:
     import yaml
@@ -193,18 +194,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te",
               "trailer", "transfer-encoding", "upgrade", "expect",
               "proxy-authorization", "proxy-authenticate"}
 SHUTDOWN = threading.Event()
-LOG_LOCK = threading.Lock()
-LOG_FILE = None
-
-
-def log(msg):
-    line = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d} {msg}\n"
-    with LOG_LOCK:
-        if LOG_FILE is not None:
-            LOG_FILE.write(line)
-            LOG_FILE.flush()
-        else:
-            sys.stderr.write(line)
+log = fakecommon.Log(millis=True)
 
 
 def now_ts(t=None):
@@ -281,38 +271,29 @@ REASON_BY_CODE = {
 }
 
 
+def _pb_varint(buf, i):
+    """The varint at buf[i]: (value, index after it)."""
+    v, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7f) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
 def _pb_fields(buf):
     """Protocol buffers wire format: (field, wiretype, value) tuples;
     length-delimited values as bytes, varints as ints."""
     i, out = 0, []
     while i < len(buf):
-        key, shift = 0, 0
-        while True:
-            b = buf[i]
-            i += 1
-            key |= (b & 0x7f) << shift
-            shift += 7
-            if not b & 0x80:
-                break
+        key, i = _pb_varint(buf, i)
         field, wt = key >> 3, key & 7
         if wt == 0:
-            v, shift = 0, 0
-            while True:
-                b = buf[i]
-                i += 1
-                v |= (b & 0x7f) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
+            v, i = _pb_varint(buf, i)
         elif wt == 2:
-            n, shift = 0, 0
-            while True:
-                b = buf[i]
-                i += 1
-                n |= (b & 0x7f) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
+            n, i = _pb_varint(buf, i)
             v = bytes(buf[i:i + n])
             i += n
         elif wt == 1:
@@ -532,44 +513,13 @@ def fields_match(reqs, pod):
 # -- certificates and kubeconfig -----------------------------------------------
 
 
-def run_openssl(args, cwd):
-    r = subprocess.run(["openssl"] + args, cwd=cwd, capture_output=True,
-                       text=True, timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"openssl {' '.join(args)} failed:\n{r.stderr}")
-
-
 def make_certs(d):
-    names = ["ca.crt", "ca.key", "server.crt", "server.key", "client.crt",
-             "client.key"]
-    if all(os.path.exists(os.path.join(d, n)) for n in names):
-        return
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-          "-nodes"]
-    run_openssl(["req", "-x509"] + ec + [
-        "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-        "-subj", "/CN=sbx-fake-kube-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"],
-        d)
-    for who, subj, ext in (
-            ("server", "/CN=kube-apiserver",
-             "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-             "extendedKeyUsage=serverAuth\n"),
-            ("client", "/O=system:masters/CN=sbx-test",
-             "extendedKeyUsage=clientAuth\n")):
-        with open(os.path.join(d, who + ".ext"), "w") as f:
-            f.write("basicConstraints=CA:FALSE\n"
-                    "keyUsage=critical,digitalSignature,keyEncipherment\n"
-                    + ext)
-        run_openssl(["req", "-new"] + ec + [
-            "-keyout", who + ".key", "-out", who + ".csr", "-subj", subj], d)
-        run_openssl(["x509", "-req", "-in", who + ".csr", "-CA", "ca.crt",
-                     "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650",
-                     "-out", who + ".crt", "-extfile", who + ".ext"], d)
-    for n in names:
-        if n.endswith(".key"):
-            os.chmod(os.path.join(d, n), 0o600)
+    fakecommon.make_certs(d, "/CN=sbx-fake-kube-ca", [
+        ("server", "/CN=kube-apiserver",
+         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+         "extendedKeyUsage=serverAuth\n"),
+        ("client", "/O=system:masters/CN=sbx-test",
+         "extendedKeyUsage=clientAuth\n")], ".crt")
 
 
 def b64file(path):
@@ -617,42 +567,23 @@ def write_kubeconfig(d, url, token):
 # -- process spawning -------------------------------------------------------------
 
 
-class Spawner:
-    """Starts every agent from one long-lived thread, with a parent-death
-    signal (setpriv --pdeathsig KILL): PR_SET_PDEATHSIG fires when the
-    *thread* that forked exits, so the forking thread must outlive them."""
+class Spawner(fakecommon.Spawner):
+    """Agents get their parent-death signal from setpriv --pdeathsig KILL
+    (see fakecommon.Spawner for why one thread starts them all)."""
 
     def __init__(self):
-        self.q = queue.Queue()
         self.setpriv = shutil.which("setpriv")
         if self.setpriv:
             r = subprocess.run([self.setpriv, "--help"], capture_output=True,
                                text=True)
             if "--pdeathsig" not in r.stdout + r.stderr:
                 self.setpriv = None
-        t = threading.Thread(target=self._run, name="spawner", daemon=True)
-        t.start()
+        super().__init__()
 
-    def _run(self):
-        while True:
-            argv, kw, box, done = self.q.get()
-            try:
-                if self.setpriv:
-                    argv = [self.setpriv, "--pdeathsig", "KILL", "--"] + argv
-                box.append(subprocess.Popen(argv, **kw))
-            except Exception as e:  # noqa: BLE001
-                box.append(e)
-            done.set()
-
-    def popen(self, argv, **kw):
-        box, done = [], threading.Event()
-        self.q.put((argv, kw, box, done))
-        done.wait(30)
-        if not box:
-            raise RuntimeError("spawner did not answer")
-        if isinstance(box[0], Exception):
-            raise box[0]
-        return box[0]
+    def start(self, argv, kw):
+        if self.setpriv:
+            argv = [self.setpriv, "--pdeathsig", "KILL", "--"] + argv
+        return subprocess.Popen(argv, **kw)
 
 
 # -- the store ----------------------------------------------------------------------
@@ -901,6 +832,23 @@ def pod_table(pods, rv, include_object, cont=None, remaining=None):
                 {"name": n, "type": t, "format": f, "description": n,
                  "priority": pr} for n, t, f, pr in cols],
             "rows": rows}
+
+
+def set_terminated(cs, code, reason, started, message=None):
+    """Container status `cs` is terminated (a ContainerStateTerminated
+    with exit code, reason, start when known, and a container id), not
+    ready and not started."""
+    t = {"exitCode": code, "reason": reason}
+    if started:
+        t["startedAt"] = started
+    t["finishedAt"] = now_ts()
+    t["containerID"] = cs.get("containerID") or \
+        "containerd://" + secrets.token_hex(32)
+    if message:
+        t["message"] = message
+    cs["state"] = {"terminated": t}
+    cs["ready"] = False
+    cs["started"] = False
 
 
 class PodRuntime:
@@ -1276,25 +1224,9 @@ class PodRuntime:
             args = list(argv[argv.index("serve"):])
         else:
             args = ["serve"] + list(argv[1:])
-        i = 0
-        while i < len(args):
-            a = args[i]
-            opt, val, has_eq = a, None, False
-            if a.startswith("--") and "=" in a:
-                opt, val = a.split("=", 1)
-                has_eq = True
-            takes = opt in ("--root", "--listen", "--token-file", "--tls-cert",
-                            "--tls-key", "--token-env")
-            if takes and not has_eq:
-                if i + 1 >= len(args):
-                    out.append(a)
-                    i += 1
-                    continue
-                val = args[i + 1]
-                i += 1
-            i += 1
-            if not takes:
-                out.append(a)
+        for opt, val in fakecommon.agent_options(args):
+            if val is None:
+                out.append(opt)
                 continue
             if opt == "--root":
                 val = self.map_path(val)
@@ -1408,15 +1340,7 @@ class PodRuntime:
             cs = st["containerStatuses"][0]
             started = (cs.get("state", {}).get("running") or {}).get(
                 "startedAt") or self.started_at or now_ts()
-            t = {"exitCode": code, "reason": reason, "startedAt": started,
-                 "finishedAt": now_ts(),
-                 "containerID": cs.get("containerID") or
-                 "containerd://" + secrets.token_hex(32)}
-            if message:
-                t["message"] = message
-            cs["state"] = {"terminated": t}
-            cs["ready"] = False
-            cs["started"] = False
+            set_terminated(cs, code, reason, started, message)
             for other in st["containerStatuses"][1:]:
                 other["ready"] = False
             self.set_cond(st, "Ready", "False", "PodFailed" if code else
@@ -1524,30 +1448,13 @@ class PodRuntime:
         with self.lock:
             proc = self.proc
         if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except OSError:
-                try:
-                    proc.send_signal(sig)
-                except OSError:
-                    pass
+            fakecommon.signal_group(proc, sig)
             return proc
         return None
 
     def wait_agent(self, proc, timeout):
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                proc.kill()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+        if proc is not None:
+            fakecommon.reap(proc, timeout, 5)
 
     def deadline(self):
         p = self.pod()
@@ -1581,15 +1488,7 @@ class PodRuntime:
                 if "terminated" in s:
                     continue
                 started = (s.get("running") or {}).get("startedAt")
-                t = {"exitCode": 137, "reason": "Error",
-                     "finishedAt": now_ts(),
-                     "containerID": cs.get("containerID") or
-                     "containerd://" + secrets.token_hex(32)}
-                if started:
-                    t["startedAt"] = started
-                cs["state"] = {"terminated": t}
-                cs["ready"] = False
-                cs["started"] = False
+                set_terminated(cs, 137, "Error", started)
             if disruption:
                 self.set_cond(st, "DisruptionTarget", "True",
                               "TerminationByKubelet", message)
@@ -1742,6 +1641,35 @@ class ChunkedReader:
         return data
 
 
+def forbid_rule(b):
+    """A /fake/forbid rule from its POST body."""
+    return {"verb": b.get("verb", "*"),
+            "resource": b.get("resource", "*"),
+            "namespace": b.get("namespace"),
+            "user": b.get("user"), "count": b.get("count")}
+
+
+def failure_rule(b):
+    """A /fake/failures rule from its POST body (its regexes checked)."""
+    try:
+        re.compile(b.get("path", ".*"))
+    except re.error as e:
+        raise bad_request(f"bad path regex: {e}")
+    try:
+        re.compile(b.get("query") or "")
+    except re.error as e:
+        raise bad_request(f"bad query regex: {e}")
+    return {"method": (b.get("method") or "*").upper(),
+            "path": b.get("path", ".*"),
+            "query": b.get("query"),
+            "code": int(b.get("code", 500)),
+            "count": int(b.get("count", 1)),
+            "retry_after": b.get("retry_after"),
+            "message": b.get("message"),
+            "action": b.get("action", "status"),
+            "delay": float(b.get("delay", 0)), "hits": 0}
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sbx-fake-kube-apiserver"
@@ -1757,6 +1685,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_GET
 
     # -- plumbing --
+    def rule_list(self, m, rules, make):
+        """A list of control rules: POST appends make(body), DELETE
+        clears it (under the server's rules_lock)."""
+        srv = self.server
+        if m == "POST":
+            rule = make(self.body_json())
+            with srv.rules_lock:
+                rules.append(rule)
+            return self.send_json(201, rule)
+        with srv.rules_lock:
+            rules.clear()
+        return self.send_json(200, {"cleared": True})
+
     def send_json(self, code, obj, headers=None, content_type="application/json"):
         body = json.dumps(obj).encode() + b"\n"
         self.send_response(code)
@@ -2926,47 +2867,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     raise ApiError(404, "NotFound", "no such token")
                 t["expires_at"] = time.time() - 1
             return self.send_json(200, {"expired": True})
-        if parts == ["forbid"]:
-            if m == "POST":
-                b = self.body_json()
-                rule = {"verb": b.get("verb", "*"),
-                        "resource": b.get("resource", "*"),
-                        "namespace": b.get("namespace"),
-                        "user": b.get("user"), "count": b.get("count")}
-                with srv.rules_lock:
-                    srv.forbid.append(rule)
-                return self.send_json(201, rule)
-            if m == "DELETE":
-                with srv.rules_lock:
-                    srv.forbid.clear()
-                return self.send_json(200, {"cleared": True})
-        if parts == ["failures"]:
-            if m == "POST":
-                b = self.body_json()
-                try:
-                    re.compile(b.get("path", ".*"))
-                except re.error as e:
-                    raise bad_request(f"bad path regex: {e}")
-                try:
-                    re.compile(b.get("query") or "")
-                except re.error as e:
-                    raise bad_request(f"bad query regex: {e}")
-                f = {"method": (b.get("method") or "*").upper(),
-                     "path": b.get("path", ".*"),
-                     "query": b.get("query"),
-                     "code": int(b.get("code", 500)),
-                     "count": int(b.get("count", 1)),
-                     "retry_after": b.get("retry_after"),
-                     "message": b.get("message"),
-                     "action": b.get("action", "status"),
-                     "delay": float(b.get("delay", 0)), "hits": 0}
-                with srv.rules_lock:
-                    srv.failures.append(f)
-                return self.send_json(201, f)
-            if m == "DELETE":
-                with srv.rules_lock:
-                    srv.failures.clear()
-                return self.send_json(200, {"cleared": True})
+        if parts == ["forbid"] and m in ("POST", "DELETE"):
+            return self.rule_list(m, srv.forbid, forbid_rule)
+        if parts == ["failures"] and m in ("POST", "DELETE"):
+            return self.rule_list(m, srv.failures, failure_rule)
         if parts == ["requests"]:
             if m == "GET":
                 since = int(self.params.get("since", ["0"])[0] or 0)
@@ -3101,27 +3005,18 @@ OPENAPI_V3_CORE = {
 
 
 def main(argv=None):
-    global LOG_FILE
-    ap = argparse.ArgumentParser(description="fake Kubernetes API server "
-                                 "for the sbx tests (see the module docstring)")
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--agent", required=True, help="the sbx-agent binary")
-    ap.add_argument("--listen", default="127.0.0.1:0")
+    ap = fakecommon.arg_parser("fake Kubernetes API server for the sbx "
+                               "tests (see the module docstring)")
     ap.add_argument("--step-ms", type=float, default=60)
     ap.add_argument("--history", type=int, default=10000,
                     help="watch events kept for resourceVersion replay")
     ap.add_argument("--bookmark-interval", type=float, default=1.0)
     args = ap.parse_args(argv)
     d = os.path.abspath(args.dir)
-    os.makedirs(os.path.join(d, "pods"), exist_ok=True)
-    try:
-        os.unlink(os.path.join(d, "ready"))
-    except FileNotFoundError:
-        pass
-    LOG_FILE = open(os.path.join(d, "fake.log"), "a")
-    if not os.access(args.agent, os.X_OK):
-        sys.stderr.write(f"kube_apiserver: --agent {args.agent} is not an "
-                         f"executable\n")
+    err = fakecommon.prepare_dir(d, ["pods"], log, args.agent,
+                                 "kube_apiserver")
+    if err:
+        sys.stderr.write(err)
         return 2
     make_certs(d)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -3139,10 +3034,7 @@ def main(argv=None):
     if os.path.exists(tok_path):
         token = open(tok_path).read().strip() or None
     token = token or secrets.token_hex(24)
-    with open(tok_path + ".tmp", "w") as f:
-        f.write(token + "\n")
-    os.chmod(tok_path + ".tmp", 0o600)
-    os.replace(tok_path + ".tmp", tok_path)
+    fakecommon.write_atomic(tok_path, token + "\n", 0o600)
     srv.tokens[token] = {"user": "sbx-test",
                          "groups": ["system:masters", "system:authenticated"],
                          "expires_at": None}
@@ -3171,9 +3063,7 @@ def main(argv=None):
     threading.Thread(target=watchdog, daemon=True).start()
     ready = {"port": port, "pid": os.getpid(), "url": url,
              "kubeconfig": os.path.join(d, "kubeconfig"), "token": tok_path}
-    with open(os.path.join(d, "ready.tmp"), "w") as f:
-        json.dump(ready, f)
-    os.replace(os.path.join(d, "ready.tmp"), os.path.join(d, "ready"))
+    fakecommon.write_atomic(os.path.join(d, "ready"), json.dumps(ready))
     log(f"listening on {url} (pid {os.getpid()})")
     try:
         srv.serve_forever(poll_interval=0.2)
@@ -3181,10 +3071,7 @@ def main(argv=None):
         SHUTDOWN.set()
         srv.stop_all()
         srv.server_close()
-        try:
-            os.unlink(os.path.join(d, "ready"))
-        except FileNotFoundError:
-            pass
+        fakecommon.unlink_quiet(os.path.join(d, "ready"))
         log("stopped")
     return 0
 

@@ -173,8 +173,8 @@ PR_SET_PDEATHSIG covers the agents; commands an agent started in their own
 session outlive a SIGKILLed fake (SIGTERM kills each agent's process group).
 """
 
-import argparse
 import base64
+import contextlib
 import ctypes
 import hashlib
 import hmac
@@ -182,7 +182,6 @@ import http.server
 import importlib
 import json
 import os
-import queue
 import random
 import re
 import secrets
@@ -198,6 +197,9 @@ import traceback
 import urllib.parse
 from concurrent import futures
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fakecommon  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "providers" / "modal"
@@ -225,19 +227,8 @@ MSG_TOKEN_BAD = (
     "been revoked. Run `modal token new` or check MODAL_TOKEN_ID / "
     "MODAL_TOKEN_SECRET and your profile in ~/.modal.toml.")
 
-LOG_FILE = None
-LOG_LOCK = threading.Lock()
 SHUTDOWN = threading.Event()
-
-
-def log(msg):
-    line = f"{time.strftime('%H:%M:%S')} {msg}\n"
-    with LOG_LOCK:
-        if LOG_FILE:
-            LOG_FILE.write(line)
-            LOG_FILE.flush()
-        else:
-            sys.stderr.write(line)
+log = fakecommon.Log()
 
 
 # -- protos -------------------------------------------------------------------------
@@ -351,41 +342,12 @@ def jwt_check(key, token):
         return None
 
 
-def run_openssl(args, cwd):
-    r = subprocess.run(["openssl"] + args, cwd=cwd, capture_output=True,
-                       text=True, timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"openssl {' '.join(args)} failed:\n{r.stderr}")
-
-
 def make_certs(d):
-    names = ["ca.pem", "ca.key", "server.pem", "server.key", "agent.pem",
-             "agent.key"]
-    if all(os.path.exists(os.path.join(d, n)) for n in names):
-        return
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-          "-nodes"]
-    run_openssl(["req", "-x509"] + ec + [
-        "-keyout", "ca.key", "-out", "ca.pem", "-days", "3650",
-        "-subj", "/CN=sbx-fake-modal-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"],
-        d)
-    for who, cn in (("server", "api.modal.fake"), ("agent", "tunnel.modal.fake")):
-        with open(os.path.join(d, who + ".ext"), "w") as f:
-            f.write("basicConstraints=CA:FALSE\n"
-                    "keyUsage=critical,digitalSignature,keyEncipherment\n"
-                    "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                    "extendedKeyUsage=serverAuth\n")
-        run_openssl(["req", "-new"] + ec + [
-            "-keyout", who + ".key", "-out", who + ".csr", "-subj",
-            "/CN=" + cn], d)
-        run_openssl(["x509", "-req", "-in", who + ".csr", "-CA", "ca.pem",
-                     "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650",
-                     "-out", who + ".pem", "-extfile", who + ".ext"], d)
-    for n in names:
-        if n.endswith(".key"):
-            os.chmod(os.path.join(d, n), 0o600)
+    leaf_ext = ("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "extendedKeyUsage=serverAuth\n")
+    fakecommon.make_certs(d, "/CN=sbx-fake-modal-ca", [
+        ("server", "/CN=api.modal.fake", leaf_ext),
+        ("agent", "/CN=tunnel.modal.fake", leaf_ext)], ".pem")
 
 
 def free_port():
@@ -420,16 +382,11 @@ _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
 PR_SET_PDEATHSIG = 1
 
 
-class Spawner:
-    """Starts every agent from one long-lived thread with PR_SET_PDEATHSIG
-    (SIGKILL) set in preexec_fn: the signal fires when the *thread* that
-    forked exits, so that thread must live as long as the fake."""
+class Spawner(fakecommon.Spawner):
+    """Agents get PR_SET_PDEATHSIG (SIGKILL) in preexec_fn (see
+    fakecommon.Spawner for why one thread starts them all)."""
 
-    def __init__(self):
-        self.q = queue.Queue()
-        threading.Thread(target=self._run, name="spawner", daemon=True).start()
-
-    def _run(self):
+    def start(self, argv, kw):
         parent = os.getpid()
         prctl = _LIBC.prctl
 
@@ -437,23 +394,7 @@ class Spawner:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent:
                 os._exit(127)
-        while True:
-            argv, kw, box, done = self.q.get()
-            try:
-                box.append(subprocess.Popen(argv, preexec_fn=preexec, **kw))
-            except Exception as e:  # noqa: BLE001
-                box.append(e)
-            done.set()
-
-    def popen(self, argv, **kw):
-        box, done = [], threading.Event()
-        self.q.put((argv, kw, box, done))
-        done.wait(30)
-        if not box:
-            raise RuntimeError("spawner did not answer")
-        if isinstance(box[0], Exception):
-            raise box[0]
-        return box[0]
+        return subprocess.Popen(argv, preexec_fn=preexec, **kw)
 
 
 # -- state ------------------------------------------------------------------------------
@@ -679,10 +620,22 @@ class Fake:
                 self.finish(rec, e.code, e.message)
             ctx.abort(getattr(grpc.StatusCode, e.code), e.message)
 
+        @contextlib.contextmanager
+        def answering(ctx, rec):
+            """An RpcFail ends the call with its status, anything else
+            with INTERNAL (and a log line)."""
+            try:
+                yield
+            except RpcFail as e:
+                fail(ctx, rec, e)
+            except Exception as e:  # noqa: BLE001
+                log(f"{method} crashed:\n{traceback.format_exc()}")
+                fail(ctx, rec, RpcFail("INTERNAL", f"internal error: {e}"))
+
         if not streaming:
             def unary(req, ctx):
                 rec, md = self.begin(service, method, req, ctx)
-                try:
+                with answering(ctx, rec):
                     run_pre(rec, md, req, ctx)
                     key = md.get("x-idempotency-key") \
                         if method in REPLAY_METHODS else None
@@ -700,26 +653,16 @@ class Fake:
                     self.apply_fault(rec, service, method, "after")
                     self.finish(rec, "OK")
                     return resp
-                except RpcFail as e:
-                    fail(ctx, rec, e)
-                except Exception as e:  # noqa: BLE001
-                    log(f"{method} crashed:\n{traceback.format_exc()}")
-                    fail(ctx, rec, RpcFail("INTERNAL", f"internal error: {e}"))
             return unary
 
         def stream(req, ctx):
             rec, md = self.begin(service, method, req, ctx)
-            try:
+            with answering(ctx, rec):
                 run_pre(rec, md, req, ctx)
                 for r in fn(req, ctx, md):
                     yield r
                 self.apply_fault(rec, service, method, "after")
                 self.finish(rec, "OK")
-            except RpcFail as e:
-                fail(ctx, rec, e)
-            except Exception as e:  # noqa: BLE001
-                log(f"{method} crashed:\n{traceback.format_exc()}")
-                fail(ctx, rec, RpcFail("INTERNAL", f"internal error: {e}"))
         return stream
 
     def handlers(self, pbmod, service):
@@ -752,6 +695,14 @@ class Fake:
             t = min(t, max(0.0, rem - 0.2))
         return t
 
+    def wait_until(self, done, t):
+        """With self.cv held: wait until done(), for at most t seconds, or
+        until the fake stops."""
+        deadline = time.monotonic() + t
+        while not done() and time.monotonic() < deadline and \
+                not SHUTDOWN.is_set():
+            self.cv.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+
     def result_msg(self, r):
         res = self.pb.GenericResult()
         if r:
@@ -770,13 +721,20 @@ class Fake:
             raise RpcFail("NOT_FOUND", f"Environment '{name}' not found")
         return e
 
+    def lookup(self, table, key, message):
+        """table[key], read under the lock; NOT_FOUND with `message` when
+        it is not there."""
+        with self.cv:
+            v = table.get(key)
+        if v is None:
+            raise RpcFail("NOT_FOUND", message)
+        return v
+
     def sandbox(self, sid):
         if not sid:
             raise RpcFail("INVALID_ARGUMENT", "sandbox_id is required")
-        with self.cv:
-            sb = self.sandboxes.get(sid)
-        if sb is None:
-            raise RpcFail("NOT_FOUND", f"Sandbox with id '{sid}' not found")
+        sb = self.lookup(self.sandboxes, sid,
+                         f"Sandbox with id '{sid}' not found")
         return sb
 
     # -- environments, apps, auth, secrets ---------------------------------------------------
@@ -855,10 +813,7 @@ class Fake:
                           "EnvironmentGetOrCreate "
                           "(metadata.settings.image_builder_version)")
         if req.existing_image_id:
-            with self.cv:
-                img = self.images.get(req.existing_image_id)
-            if img is None:
-                raise RpcFail("NOT_FOUND",
+            img = self.lookup(self.images, req.existing_image_id,
                               f"Image {req.existing_image_id} not found")
             resp = self.pb.ImageGetOrCreateResponse(image_id=img.id)
             if img.result:
@@ -1058,10 +1013,8 @@ class Fake:
         return None
 
     def rpc_ImageJoinStreaming(self, req, ctx, md):
-        with self.cv:
-            img = self.images.get(req.image_id)
-        if img is None:
-            raise RpcFail("NOT_FOUND", f"Image {req.image_id} not found")
+        img = self.lookup(self.images, req.image_id,
+                          f"Image {req.image_id} not found")
         t = self.poll_timeout(ctx, req.timeout, MAX_POLL)
         deadline = time.monotonic() + t
         last = (0, 0)
@@ -1101,17 +1054,13 @@ class Fake:
     # -- sandboxes -------------------------------------------------------------------------
 
     def rpc_SandboxCreate(self, req, ctx, md):
-        with self.cv:
-            app = self.apps_by_id.get(req.app_id)
-        if not req.app_id or app is None:
-            raise RpcFail("NOT_FOUND", f"App {req.app_id!r} not found")
+        app = self.lookup(self.apps_by_id, req.app_id,
+                          f"App {req.app_id!r} not found")
         d = req.definition
         if not d.image_id:
             raise RpcFail("INVALID_ARGUMENT", "Sandbox definition has no image_id")
-        with self.cv:
-            img = self.images.get(d.image_id)
-        if img is None:
-            raise RpcFail("NOT_FOUND", f"Image {d.image_id} not found")
+        img = self.lookup(self.images, d.image_id,
+                          f"Image {d.image_id} not found")
         deadline = time.monotonic() + 60
         with self.cv:
             while img.result is None and time.monotonic() < deadline:
@@ -1128,10 +1077,8 @@ class Fake:
                           f"workdir must be an absolute path, got: {workdir}")
         env = dict(img.env)
         for sid in d.secret_ids:
-            with self.cv:
-                s = self.secrets.get(sid)
-            if s is None:
-                raise RpcFail("NOT_FOUND", f"Secret {sid} not found")
+            s = self.lookup(self.secrets, sid,
+                            f"Secret {sid} not found")
             env.update(s)
         sb = SandboxRec(new_id("sb"), self.dir)
         sb.app_id = app["id"]
@@ -1225,25 +1172,9 @@ class Fake:
     def agent_argv(self, sb):
         out = [self.args.agent]
         args = sb.plan["argv"]
-        i = 0
-        while i < len(args):
-            a = args[i]
-            opt, val, has_eq = a, None, False
-            if a.startswith("--") and "=" in a:
-                opt, val = a.split("=", 1)
-                has_eq = True
-            takes = opt in ("--root", "--listen", "--token-file", "--tls-cert",
-                            "--tls-key", "--token-env")
-            if takes and not has_eq:
-                if i + 1 >= len(args):
-                    out.append(a)
-                    i += 1
-                    continue
-                val = args[i + 1]
-                i += 1
-            i += 1
-            if not takes:
-                out.append(a)
+        for opt, val in fakecommon.agent_options(args):
+            if val is None:
+                out.append(opt)
                 continue
             if opt in ("--tls-cert", "--tls-key"):
                 continue
@@ -1286,21 +1217,8 @@ class Fake:
         proc = sb.proc
         if proc is None or proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-            proc.wait()
+        fakecommon.signal_group(proc, sig)
+        fakecommon.reap(proc, grace)
 
     def alog(self, sb, text):
         with open(sb.log_path, "a") as f:
@@ -1459,7 +1377,6 @@ class Fake:
     def rpc_SandboxGetTaskId(self, req, ctx, md):
         sb = self.sandbox(req.sandbox_id)
         t = self.poll_timeout(ctx, req.timeout if req.HasField("timeout") else 0)
-        deadline = time.monotonic() + t
 
         def done():
             if sb.result is not None:
@@ -1468,9 +1385,7 @@ class Fake:
                 return sb.task_id is not None and sb.ready_at is not None
             return sb.task_id is not None
         with self.cv:
-            while not done() and time.monotonic() < deadline and \
-                    not SHUTDOWN.is_set():
-                self.cv.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            self.wait_until(done, t)
             resp = self.pb.SandboxGetTaskIdResponse()
             if sb.task_id and (not req.wait_until_ready or sb.ready_at or
                                sb.result):
@@ -1482,11 +1397,9 @@ class Fake:
     def rpc_SandboxGetTunnels(self, req, ctx, md):
         sb = self.sandbox(req.sandbox_id)
         t = self.poll_timeout(ctx, req.timeout, 0)
-        deadline = time.monotonic() + t
         with self.cv:
-            while sb.result is None and sb.state != "running" and \
-                    time.monotonic() < deadline and not SHUTDOWN.is_set():
-                self.cv.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            self.wait_until(lambda: sb.result is not None or
+                            sb.state == "running", t)
             resp = self.pb.SandboxGetTunnelsResponse()
             if sb.result is not None:
                 resp.result.CopyFrom(self.result_msg(sb.result))
@@ -1510,11 +1423,8 @@ class Fake:
     def rpc_SandboxWait(self, req, ctx, md):
         sb = self.sandbox(req.sandbox_id)
         t = self.poll_timeout(ctx, req.timeout, 0)
-        deadline = time.monotonic() + t
         with self.cv:
-            while sb.result is None and time.monotonic() < deadline and \
-                    not SHUTDOWN.is_set():
-                self.cv.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            self.wait_until(lambda: sb.result is not None, t)
             resp = self.pb.SandboxWaitResponse()
             if sb.result is not None:
                 resp.result.CopyFrom(self.result_msg(sb.result))
@@ -1621,10 +1531,8 @@ class Fake:
         return resp
 
     def rpc_TaskGetCommandRouterAccess(self, req, ctx, md):
-        with self.cv:
-            sb = self.tasks.get(req.task_id)
-        if sb is None:
-            raise RpcFail("NOT_FOUND", f"Task {req.task_id!r} not found")
+        sb = self.lookup(self.tasks, req.task_id,
+                         f"Task {req.task_id!r} not found")
         if sb.result is not None:
             raise RpcFail("FAILED_PRECONDITION",
                           f"Task {req.task_id} has already finished")
@@ -1638,10 +1546,8 @@ class Fake:
 
     # router service
     def rpc_TaskSnapshotFilesystem(self, req, ctx, md):
-        with self.cv:
-            sb = self.tasks.get(req.task_id)
-        if sb is None:
-            raise RpcFail("NOT_FOUND", f"Task {req.task_id!r} not found")
+        sb = self.lookup(self.tasks, req.task_id,
+                         f"Task {req.task_id!r} not found")
         if req.snapshot_id:
             with self.cv:
                 iid = sb.snapshots.get(req.snapshot_id)
@@ -1812,14 +1718,6 @@ class Control(http.server.BaseHTTPRequestHandler):
 # -- main ---------------------------------------------------------------------------------
 
 
-def write_atomic(path, text, mode=0o644):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 def load_tokens(d):
     p = os.path.join(d, "tokens.json")
     try:
@@ -1831,17 +1729,13 @@ def load_tokens(d):
         pass
     t = {prof: {"token_id": new_id("ak"), "token_secret": new_id("as")}
          for prof in ("fake", "other")}
-    write_atomic(p, json.dumps(t), 0o600)
+    fakecommon.write_atomic(p, json.dumps(t), 0o600)
     return t
 
 
 def main(argv=None):
-    global LOG_FILE
-    ap = argparse.ArgumentParser(description="fake Modal gRPC server for the "
-                                 "sbx tests (see the module docstring)")
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--agent", required=True, help="the sbx-agent binary")
-    ap.add_argument("--listen", default="127.0.0.1:0")
+    ap = fakecommon.arg_parser("fake Modal gRPC server for the sbx tests "
+                               "(see the module docstring)")
     ap.add_argument("--schedule-ms", default="100:300",
                     help="delay before a sandbox is scheduled, LO:HI ms")
     ap.add_argument("--build-step-ms", type=float, default=40)
@@ -1849,17 +1743,11 @@ def main(argv=None):
     ap.add_argument("--proto-dir", default=str(PROTO_DIR))
     args = ap.parse_args(argv)
     d = os.path.abspath(args.dir)
-    os.makedirs(os.path.join(d, "sandboxes"), exist_ok=True)
-    os.makedirs(os.path.join(d, "images"), exist_ok=True)
-    try:
-        os.unlink(os.path.join(d, "ready"))
-    except FileNotFoundError:
-        pass
-    LOG_FILE = open(os.path.join(d, "fake.log"), "a")
     args.agent = os.path.abspath(args.agent)
-    if not os.access(args.agent, os.X_OK):
-        sys.stderr.write(f"modal_server: --agent {args.agent} is not an "
-                         "executable\n")
+    err = fakecommon.prepare_dir(d, ["sandboxes", "images"], log, args.agent,
+                                 "modal_server")
+    if err:
+        sys.stderr.write(err)
         return 2
     import grpc
     make_certs(d)
@@ -1903,7 +1791,7 @@ def main(argv=None):
 
     url = f"https://127.0.0.1:{port}"
     ft, ot = toks["fake"], toks["other"]
-    write_atomic(os.path.join(d, "modal.toml"),
+    fakecommon.write_atomic(os.path.join(d, "modal.toml"),
                  "# written by tests/fakes/modal_server.py\n"
                  "[fake]\n"
                  f'token_id = "{ft["token_id"]}"\n'
@@ -1935,7 +1823,7 @@ def main(argv=None):
              "router_port": rport, "router_url": fake.router_url,
              "control_port": cport,
              "control_url": f"http://127.0.0.1:{cport}"}
-    write_atomic(os.path.join(d, "ready"), json.dumps(ready))
+    fakecommon.write_atomic(os.path.join(d, "ready"), json.dumps(ready))
     log(f"listening on {url} (router {fake.router_url}, control "
         f"{ready['control_url']}, pid {os.getpid()})")
     try:
@@ -1946,10 +1834,7 @@ def main(argv=None):
     finally:
         SHUTDOWN.set()
         log("stopping")
-        try:
-            os.unlink(os.path.join(d, "ready"))
-        except FileNotFoundError:
-            pass
+        fakecommon.unlink_quiet(os.path.join(d, "ready"))
         with fake.cv:
             fake.cv.notify_all()
         fake.stop_all()

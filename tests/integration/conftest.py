@@ -29,12 +29,20 @@ Fixtures (reusable by every test file, and later by remote providers):
 Environment knobs: SBX_TEST_TIMEOUT (seconds per test, default 180, with
 pytest-timeout), SBX_TEST_LOG (daemon log level, default info),
 SBX_TEST_VISIBLE_WITHIN (seconds a worktree change may take to show in the
-mount, default 1.0), SBX_TEST_PROVIDERS (default "local"), SBX_TEST_NO_FUSE=1
-(pretend FUSE is unusable, to test the skip path).
+mount, default 1.0), SBX_TEST_PROVIDERS (default: every provider a test
+supports), SBX_TEST_MIRROR=0 (do not also run the remote data-plane tests
+on kubernetes and modal), SBX_TEST_NO_FUSE=1 (pretend FUSE is unusable, to
+test the skip path).
 
 Every test here needs a usable /dev/fuse.  Without one they are skipped with
 a reason starting "SBX-NO-FUSE"; scripts/test.sh turns such skips into a
 failure under CI.  If every test was skipped, pytest exits 77 (meson SKIP).
+
+Tests of a backend left out of the build (meson -Dkubernetes=disabled or
+-Dmodal=disabled: the `provider` parameter, test_kubernetes.py,
+test_modal.py, test_mgrpc.py) are skipped with a reason starting
+"SBX-NOT-BUILT", read from the build's config.h; under CI=true, where every
+backend is built, they fail instead.
 """
 
 import os
@@ -46,12 +54,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import testenv  # noqa: E402
+from testenv import env as testenv_env  # noqa: E402
 from testenv import mounts  # noqa: E402
 
 # SBX_TEST_PROVIDERS restricts which providers run (default: every provider
 # a test supports, see pytest_generate_tests).
 PROVIDERS = [p for p in os.environ.get("SBX_TEST_PROVIDERS", "").split(",")
              if p] or None
+MIRROR = os.environ.get("SBX_TEST_MIRROR", "1") != "0"
 KNOWN_PROVIDERS = ("local", "remote", "slow_remote", "kubernetes", "modal")
 SLOW_REMOTE_DELAY_MS = float(os.environ.get("SBX_TEST_SLOW_DELAY_MS", "10"))
 DEFAULT_TIMEOUT = int(os.environ.get("SBX_TEST_TIMEOUT", "180"))
@@ -96,7 +106,10 @@ def pytest_generate_tests(metafunc):
     # Every test of the remote data plane also runs on a kubernetes
     # sandbox (the fake API server, the pod proxy, a real agent) and on a
     # modal one (the fake Modal server, a real agent behind a TLS tunnel).
-    if "remote" in wanted and \
+    # SBX_TEST_MIRROR=0 turns this mirroring off (scripts/test.sh does so
+    # in the sanitizer builds: the kubernetes and modal suites still run
+    # there, the data-plane matrix over them runs in the normal build).
+    if "remote" in wanted and MIRROR and \
             not metafunc.definition.get_closest_marker("remote_only"):
         wanted += [p for p in ("kubernetes", "modal") if p not in wanted]
     if PROVIDERS is not None:
@@ -108,18 +121,58 @@ def pytest_sessionstart(session):
     mounts.cleanup_stale_runs()
 
 
+# Test files of one backend, beyond the `provider` parameter: they need it
+# built in (meson -Dkubernetes=, -Dmodal=).
+MODULE_PROVIDER = {"test_kubernetes": "kubernetes", "test_modal": "modal",
+                   "test_mgrpc": "modal"}
+
+
+def not_built_reason(build_dir, item):
+    """Why `item` cannot run in this build (a backend left out), or None."""
+    wanted = set()
+    mod = getattr(item, "module", None)
+    if mod is not None:
+        name = mod.__name__.rpartition(".")[2]
+        if name in MODULE_PROVIDER:
+            wanted.add(MODULE_PROVIDER[name])
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "provider" in callspec.params:
+        wanted.add(callspec.params["provider"])
+    for p in sorted(wanted):
+        reason = testenv_env.not_built_reason(build_dir, p)
+        if reason:
+            return reason
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     reason = testenv.fuse_unusable_reason()
     timeout_plugin = config.pluginmanager.hasplugin("timeout")
+    build_dir = testenv.find_build_dir(config.getoption("--build-dir"))
     for item in items:
         if reason and not item.get_closest_marker("nofuse"):
             item.add_marker(pytest.mark.skip(
                 reason=f"{testenv.NO_FUSE_TAG}: no usable FUSE: {reason}"))
+        missing = not_built_reason(build_dir, item)
+        if missing and os.environ.get("CI") == "true":
+            # CI builds every backend: a missing one is a failure there
+            # (pytest_runtest_setup), never a quiet skip.
+            item.sbx_not_built = missing
+        elif missing:
+            item.add_marker(pytest.mark.skip(reason=missing))
         if timeout_plugin and not item.get_closest_marker("timeout"):
             # The thread method works even when the test is stuck in a
             # FUSE request that signals cannot interrupt.
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT,
                                                 method="thread"))
+
+
+def pytest_runtest_setup(item):
+    missing = getattr(item, "sbx_not_built", None)
+    if missing:
+        pytest.fail(f"{missing}; under CI=true every backend must be "
+                    f"built (scripts/install-deps.sh installs what they "
+                    f"need)", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

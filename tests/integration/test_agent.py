@@ -14,6 +14,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from testenv.agent import Agent  # noqa: E402
+from exec_util import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.nofuse
 
@@ -654,14 +656,41 @@ def watch_until(r, pred, timeout=10):
     raise AssertionError(f"timeout; saw {seen}")
 
 
+def wait_watched(r, root, rel):
+    """Wait until the agent watches directory `rel` (made after the stream
+    `r` started): its own entry event comes before the directory is
+    watched, and a scan then reports the entries made meanwhile but not
+    their attribute changes, so wait for an attr event from inside it
+    (a thread changes a probe's mode until one comes).  Returns the
+    events seen, the last one that attr event."""
+    probe = Path(root) / rel / ".probe"
+    probe.write_text("")
+    path = f"{rel}/.probe"
+    done = threading.Event()
+
+    def toggle():
+        mode = 0o600
+        while not done.wait(0.02):
+            os.chmod(probe, mode)
+            mode ^= 0o044
+    t = threading.Thread(target=toggle, daemon=True)
+    t.start()
+    try:
+        return watch_until(r, lambda s: s[-1].get("kind") == "attr" and
+                           s[-1].get("path") == path)
+    finally:
+        done.set()
+        t.join()
+
+
 def test_watch(c1, one_agent):
     root = Path(one_agent.root)
-    (root / "d").mkdir()
-    time.sleep(0.2)
     c, r = c1.stream("/v1/watch")
     hello = read_frame(r)[0]
     assert hello["kind"] == "hello" and len(hello["boot_id"]) == 32
-    start = hello["watch_seq"]
+    # Once "d" is watched, everything that happens in it is reported.
+    (root / "d").mkdir()
+    start = wait_watched(r, root, "d")[-1]["seq"]
     (root / "d" / "new").write_text("x")
     (root / "d" / "sub").mkdir()
     (root / "d" / "sub" / "deep").write_text("y")
@@ -691,10 +720,10 @@ def test_watch(c1, one_agent):
 @pytest.mark.slow
 def test_watch_heartbeat_and_rename(c1, one_agent):
     root = Path(one_agent.root)
-    (root / "old").mkdir()
-    time.sleep(0.1)
     c, r = c1.stream("/v1/watch", timeout=20)
     read_frame(r)
+    (root / "old").mkdir()
+    wait_watched(r, root, "old")
     os.rename(root / "old", root / "new")
     (root / "new" / "inner").write_text("z")
     watch_until(r, lambda s: any(e.get("path") == "new/inner" for e in s))
@@ -801,9 +830,10 @@ def test_exec_signal_and_delete(c1):
     # signals reach the whole group; DELETE kills it
     doc = c1.json("POST", "/v1/exec",
                   {"argv": ["sh", "-c", "sleep 60 & sleep 60; wait"]})
-    time.sleep(0.2)
-    pgid = os.getpgid(doc["pid"])
-    assert pgid == doc["pid"]  # own process group (and session)
+    # own process group (and session), once the child has called setsid()
+    assert wait_for(lambda: os.getpgid(doc["pid"]) == doc["pid"],
+                    timeout=5)
+    pgid = doc["pid"]
     c1.json("DELETE", f"/v1/exec/{doc['id']}")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -854,7 +884,9 @@ def test_exec_reattach_loses_nothing(c1):
     # drop it hard, with unread data in flight
     c.sock.shutdown(socket.SHUT_RDWR)
     c.close()
-    time.sleep(0.5)
+    # Output the agent has but we never read: what since= must replay.
+    assert wait_for(lambda: c1.json("GET", f"/v1/exec/{doc['id']}")
+                    ["output_seq"] > last + 8, timeout=10)
     c, r = c1.stream(f"/v1/exec/{doc['id']}/output?since={last}")
     err, ex = b"", None
     for h, d in frames(r):
@@ -878,7 +910,18 @@ def test_exec_backpressure_blocks_writer(c1):
     """Unread output beyond the buffer blocks the process, not lost."""
     doc = c1.json("POST", "/v1/exec", {
         "argv": ["sh", "-c", "head -c 6000000 /dev/zero; echo done >&2"]})
-    time.sleep(1.0)
+
+    looks = []
+
+    def stalled():
+        # Blocked on a full pipe: the output stops growing (three
+        # looks in a row), while the process still runs.
+        looks.append(c1.json("GET", f"/v1/exec/{doc['id']}"))
+        last3 = looks[-3:]
+        return (len(last3) == 3 and last3[0]["output_seq"] > 0 and
+                len({x["output_seq"] for x in last3}) == 1 and
+                all(x["running"] for x in last3))
+    assert wait_for(stalled, timeout=15, step=0.2)
     st = c1.json("GET", f"/v1/exec/{doc['id']}")
     assert st["running"] is True  # blocked on a full pipe
     c, r = c1.stream(f"/v1/exec/{doc['id']}/output")
@@ -1581,7 +1624,6 @@ def test_unauthenticated_connections_cut(c1, one_agent):
     t = c1.conn()
     t.request("GET", "/v1/info", headers={"X-Sbx-Token": c1.token})
     assert json.loads(t.getresponse().read())["protocol"] == 1
-    time.sleep(0.5)
 
     def open_count(socks):
         n = 0
@@ -1595,9 +1637,12 @@ def test_unauthenticated_connections_cut(c1, one_agent):
                 pass
         return n
 
-    assert open_count(idle) <= 64
-    time.sleep(11)
-    assert open_count(idle) == 0
+    # Beyond the per-address cap, connections are cut at once ...
+    assert wait_for(lambda: open_count(idle) <= 64, timeout=5)
+    # ... and the rest, untrusted, within their 10 s idle timeout.
+    untrusted = idle + ([h.sock] if h.sock else [])
+    assert wait_for(lambda: open_count(untrusted) == 0, timeout=20,
+                    step=0.2)
     with pytest.raises((http.client.HTTPException, OSError)):
         h.request("GET", "/v1/health")
         h.getresponse().read()

@@ -192,12 +192,18 @@ def test_pty_session_through_tmux_with_resize(sandbox):
                "Enter")
         t.wait_text("IN-1-WT")
         t.tmux("resize-window", "-t", "t", "-x", 100, "-y", 30)
-        time.sleep(0.3)
-        t.keys("clear; stty size", "Enter")
-        t.wait_text("30 100")
+
+        # The new size travels as SIGWINCH to the sandbox's terminal: ask
+        # until it shows there.
+        def resized():
+            t.keys("clear; stty size", "Enter")
+            return wait_for(lambda: "30 100" in t.capture(), timeout=1.0)
+        assert wait_for(resized, timeout=10, step=0), t.capture()
         # ^C is a byte for the remote terminal: interrupts sleep only.
-        t.keys("sleep 30", "Enter")
-        time.sleep(0.3)
+        # (SLEEP-2 is output, not the echo of the typed line: the shell
+        # is running the command line when it shows.)
+        t.keys("echo SLEEP-$((1+1)); sleep 30", "Enter")
+        t.wait_text("SLEEP-2")
         t.keys("C-c")
         t.keys("echo still-here", "Enter")
         t.wait_text("still-here")

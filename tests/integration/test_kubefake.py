@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from testenv.fakeproc import start_logged, wait_ready
 
 pytestmark = pytest.mark.nofuse
 
@@ -63,26 +64,11 @@ class KubeFake:
 
     def start(self, timeout=30):
         self.out_path = self.dir.parent / (self.dir.name + ".out")
-        out = open(self.out_path, "wb")
-        self.proc = subprocess.Popen(
-            [PYTHON, str(FAKE), "--dir", str(self.dir), "--agent", self.agent,
-             "--listen", "127.0.0.1:0", "--step-ms", str(self.step_ms)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        out.close()
-        ready = self.dir / "ready"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise KubeFakeError(f"the fake exited with {self.proc.returncode}:"
-                                    f"\n{self.out_path.read_text()[-3000:]}")
-            if ready.exists():
-                self.ready = json.loads(ready.read_text())
-                break
-            time.sleep(0.05)
-        else:
-            self.stop()
-            raise KubeFakeError(f"no {ready} after {timeout}s:\n"
-                                f"{self.out_path.read_text()[-3000:]}")
+        self.proc = start_logged(FAKE, self.dir, self.agent,
+                                 ["--listen", "127.0.0.1:0", "--step-ms",
+                                  str(self.step_ms)], self.out_path)
+        self.ready = wait_ready(self.proc, self.dir, timeout, self.output,
+                                self.stop, KubeFakeError)
         self.port = self.ready["port"]
         self.url = self.ready["url"]
         self.token = (self.dir / "token").read_text().strip()
@@ -106,6 +92,12 @@ class KubeFake:
         r = subprocess.run(["pgrep", "-f", "--", f"--root {self.dir}/pods/"],
                            capture_output=True, text=True)
         return [int(p) for p in r.stdout.split()]
+
+    def output(self):
+        try:
+            return self.out_path.read_text()[-3000:]
+        except OSError:
+            return ""
 
     def log_tail(self):
         try:

@@ -71,6 +71,16 @@ def assert_refused(r, code=None, mentions=()):
         assert m.lower() in msg.lower(), f"message does not mention {m!r}:\n{r}"
 
 
+def refused_unchanged(env, repo, args, code=None, mentions=(), dirs=()):
+    """`sbx ARGS` is refused (assert_refused) and leaves the world of repo
+    and `dirs` as it was; returns the run."""
+    before = world(env, repo, *dirs)
+    r = env.sbx(*args)
+    assert_refused(r, code, mentions)
+    assert world(env, repo, *dirs) == before
+    return r
+
+
 def parse_time(s):
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
@@ -557,10 +567,7 @@ def test_down_clean(sbx_env, repo):
     assert "bye" not in sbx_env.git("worktree", "list", cwd=repo).out
     assert not sb.mnt.exists(), "the mountpoint sbx created is left behind"
     # a second down says the session is gone (docs/cli.md: exit 3)
-    before = world(sbx_env, repo)
-    r = sbx_env.sbx("down", "bye")
-    assert_refused(r, EXIT_NOTFOUND, ["bye"])
-    assert world(sbx_env, repo) == before
+    refused_unchanged(sbx_env, repo, ["down", "bye"], EXIT_NOTFOUND, ["bye"])
 
 
 def test_down_dirty_refuses_then_force(sbx_env, repo):
@@ -701,10 +708,8 @@ def test_repo_not_a_git_repository(sbx_env, repo):
 
 
 def test_bad_ref(sbx_env, repo):
-    before = world(sbx_env, repo)
-    r = sbx_env.sbx("up", "badref", "--repo", repo, "--ref", "no-such-ref")
-    assert_refused(r, mentions=["no-such-ref"])
-    assert world(sbx_env, repo) == before
+    refused_unchanged(sbx_env, repo, ["up", "badref", "--repo", repo, "--ref",
+                                      "no-such-ref"], mentions=["no-such-ref"])
 
 
 def test_nonempty_mountpoint(sbx_env, repo):
@@ -712,10 +717,10 @@ def test_nonempty_mountpoint(sbx_env, repo):
     mnt.mkdir()
     (mnt / "precious.txt").write_text("do not hide me")
     before = world(sbx_env, repo, mnt)
-    r = sbx_env.sbx("up", "ne", "--repo", repo, "--mount", mnt)
-    assert_refused(r, EXIT_REFUSED, [str(mnt)])
+    r = refused_unchanged(sbx_env, repo, ["up", "ne", "--repo", repo,
+                                          "--mount", mnt],
+                          EXIT_REFUSED, [str(mnt)], [mnt])
     assert "empty" in r.err.lower()
-    assert world(sbx_env, repo, mnt) == before
     assert (mnt / "precious.txt").read_text() == "do not hide me"
     # a file, not a directory
     f = sbx_env.root / "afile"
@@ -727,19 +732,16 @@ def test_nonempty_mountpoint(sbx_env, repo):
 
 def test_mountpoint_in_use(sbx_env, repo):
     a = sbx_env.up("first", repo)
-    before = world(sbx_env, repo, a.worktree)
-    r = sbx_env.sbx("up", "second", "--repo", repo, "--mount", a.mnt)
-    assert_refused(r, EXIT_REFUSED, [str(a.mnt)])
-    assert world(sbx_env, repo, a.worktree) == before
+    refused_unchanged(sbx_env, repo, ["up", "second", "--repo", repo,
+                                      "--mount", a.mnt],
+                      EXIT_REFUSED, [str(a.mnt)], [a.worktree])
     assert len(mounts_at(a.mnt)) == 1
     assert os.getxattr(a.mnt, "user.sbx.session") == b"first"
     # mounting an existing session on the other's mountpoint
     b = sbx_env.up("third", repo)
     sbx_env.sbx_ok("umount", "third")
-    before = world(sbx_env, repo)
-    r = sbx_env.sbx("mount", "third", a.mnt)
-    assert_refused(r, EXIT_REFUSED, [str(a.mnt)])
-    assert world(sbx_env, repo) == before
+    refused_unchanged(sbx_env, repo, ["mount", "third", a.mnt], EXIT_REFUSED,
+                      [str(a.mnt)])
     assert b.status()["mounted"] is False
 
 

@@ -153,11 +153,15 @@ def test_trailers_only_error(driver, server, tls):
     assert "INVALID_ARGUMENT: bad app name" in f["msg"]
 
 
-def test_retries_on_unavailable(driver, server, tls):
+def timed_retry(driver, server, tls, app):
+    """One unary call with retries: (fields, line, seconds it took)."""
     t = time.monotonic()
-    (line,) = run(driver, server, tls, "--retry", "unary", "flaky-2")
-    took = time.monotonic() - t
-    f = fields(line)
+    (line,) = run(driver, server, tls, "--retry", "unary", app)
+    return fields(line), line, time.monotonic() - t
+
+
+def test_retries_on_unavailable(driver, server, tls):
+    f, line, took = timed_retry(driver, server, tls, "flaky-2")
     assert f["kind"] == "ok" and f["app_id"] == "ap-flaky", line
     assert f["attempts"] == "3"
     assert took >= 0.3  # 100 ms + 200 ms of backoff
@@ -174,10 +178,7 @@ def test_retries_on_unavailable(driver, server, tls):
 
 
 def test_retries_give_up(driver, server, tls):
-    t = time.monotonic()
-    (line,) = run(driver, server, tls, "--retry", "unary", "flaky-99")
-    took = time.monotonic() - t
-    f = fields(line)
+    f, line, took = timed_retry(driver, server, tls, "flaky-99")
     assert f["kind"] == "err" and f["errno"] == "EAGAIN", line
     assert f["status"] == "14" and f["attempts"] == "4"
     assert "after 4 attempts" in f["msg"] and "UNAVAILABLE" in f["msg"]

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from testenv.fakeproc import start_logged, wait_ready
 
 pytestmark = pytest.mark.nofuse
 
@@ -63,24 +64,11 @@ class ModalFake:
     def start(self, timeout=30):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.out_path = self.dir.parent / (self.dir.name + ".out")
-        with open(self.out_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [PYTHON, str(FAKE), "--dir", str(self.dir), "--agent",
-                 self.agent, "--listen", "127.0.0.1:0"] + self.extra,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        ready = self.dir / "ready"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ModalFakeError(f"the fake exited with {self.proc.returncode}"
-                                     f":\n{self.output()}")
-            if ready.exists():
-                self.ready = json.loads(ready.read_text())
-                break
-            time.sleep(0.05)
-        else:
-            self.stop()
-            raise ModalFakeError(f"no {ready} after {timeout}s:\n{self.output()}")
+        self.proc = start_logged(FAKE, self.dir, self.agent,
+                                 ["--listen", "127.0.0.1:0"] + self.extra,
+                                 self.out_path)
+        self.ready = wait_ready(self.proc, self.dir, timeout, self.output,
+                                self.stop, ModalFakeError)
         self.ca = Path(self.ready["ca"]).read_bytes()
         self.pb, self.rpb = modal_server.load_protos()
         self.channel = self.new_channel(self.ready["port"])

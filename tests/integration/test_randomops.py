@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import randomops  # noqa: E402
 from testenv import mounts  # noqa: E402
-from testenv.agent import set_remote_config, up_remote  # noqa: E402
-from testenv.latency_proxy import ProxyProcess  # noqa: E402
+from testenv.agent import set_remote_config  # noqa: E402
+from testenv.latency_proxy import proxied_session  # noqa: E402
 
 pytestmark = pytest.mark.providers("local", "remote")
 
@@ -125,13 +125,8 @@ def fault_sandbox(sbx_env, repo, agent):
     """A remote session through a proxy (no added delay) that can cut the
     network, with requests bounded at FAULT_TIMEOUT seconds."""
     set_remote_config(sbx_env, timeout=FAULT_TIMEOUT, connect_timeout=2)
-    proxy = ProxyProcess(agent.address, delay_ms=0).start()
-    try:
-        sb = up_remote(sbx_env, "t1", agent, proxy, repo=repo)
+    with proxied_session(sbx_env, agent, repo, 0) as sb:
         yield sb
-        sbx_env.sbx("down", "t1", "--force", timeout=60)
-    finally:
-        proxy.close()
 
 
 @pytest.mark.slow

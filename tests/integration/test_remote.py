@@ -31,8 +31,8 @@ import pytest
 
 from exec_util import run_bytes, shim
 from testenv import mounts
-from testenv.agent import set_remote_config, up_remote
-from testenv.latency_proxy import LatencyProxy, ProxyProcess
+from testenv.agent import set_remote_config
+from testenv.latency_proxy import LatencyProxy, ProxyProcess, proxied_session
 
 # The exec tests of the shim issue, against the remote sandbox.  Imported
 # test functions are collected here again with this module's `sandbox`
@@ -156,6 +156,17 @@ def assert_fails_in_time(res, what):
         f"{what}: took {res.secs:.1f}s (timeout {OUTAGE_TIMEOUT}s): {res}"
 
 
+def assert_exec_fails_in_time(sb, agent_state):
+    """During an outage (the agent `agent_state`), `sbx exec` fails within
+    the request bound and the mount stays."""
+    t = time.monotonic()
+    r = sb.sbx("exec", sb.name, "--", "true",
+               timeout=OUTAGE_TIMEOUT + SLACK + 20)
+    assert r.rc != 0, f"exec worked with the agent {agent_state}: {r}"
+    assert time.monotonic() - t <= OUTAGE_TIMEOUT + SLACK, str(r)
+    assert mounts.sbx_mount_at(sb.mnt) is not None
+
+
 def _cached_read_during_outage(m):
     """A file read before the outage, opened again after the 1 s trust
     window (docs/design.md): open revalidates, so it either still works
@@ -200,15 +211,8 @@ def diagnostics(sb):
 @pytest.fixture
 def proxied(sbx_env, repo, agent):
     """A remote session through the latency proxy (10 ms each way)."""
-    # In a child process: an in-process proxy thread deadlocks with
-    # subprocess(cwd=mount) (see testenv/latency_proxy.py).
-    proxy = ProxyProcess(agent.address, delay_ms=10).start()
-    try:
-        sb = up_remote(sbx_env, "t1", agent, proxy, repo=repo)
+    with proxied_session(sbx_env, agent, repo, 10) as sb:
         yield sb
-        sbx_env.sbx("down", "t1", "--force", timeout=60)
-    finally:
-        proxy.close()
 
 
 # -- the latency proxy itself ---------------------------------------------------------
@@ -528,14 +532,9 @@ def test_agent_killed_and_restarted(sandbox):
                              "create during outage")
         assert_fails_in_time(fs_op("mkdir", m / "newdir"), "mkdir")
         _cached_read_during_outage(m)
-        # a forwarded command fails too (exit 125 or an error), in time
-        t = time.monotonic()
-        r = sb.sbx("exec", sb.name, "--", "true",
-                   timeout=OUTAGE_TIMEOUT + SLACK + 20)
-        assert r.rc != 0, f"exec worked with the agent dead: {r}"
-        assert time.monotonic() - t <= OUTAGE_TIMEOUT + SLACK, str(r)
-        # the mount is still there (not torn down by the outage)
-        assert mounts.sbx_mount_at(m) is not None
+        # a forwarded command fails too (exit 125 or an error), in time,
+        # and the mount is still there (not torn down by the outage)
+        assert_exec_fails_in_time(sb, "dead")
     finally:
         agent.start()
     assert agent.info().get("boot_id") != boot, "boot id did not change"
@@ -587,12 +586,7 @@ def test_agent_stopped_then_continued(sandbox):
                              "create while the agent is stopped")
         assert_fails_in_time(fs_op("mkdir", m / "dir-while-stopped"),
                              "mkdir while the agent is stopped")
-        t = time.monotonic()
-        r = sb.sbx("exec", sb.name, "--", "true",
-                   timeout=OUTAGE_TIMEOUT + SLACK + 20)
-        assert r.rc != 0, f"exec worked with the agent stopped: {r}"
-        assert time.monotonic() - t <= OUTAGE_TIMEOUT + SLACK, str(r)
-        assert mounts.sbx_mount_at(m) is not None
+        assert_exec_fails_in_time(sb, "stopped")
     finally:
         os.kill(agent.pid(), signal.SIGCONT)
     # back: new writes and reads work, and what failed did not happen
@@ -943,3 +937,58 @@ def test_idle_unauthenticated_sockets_do_not_lock_out(sandbox):
     finally:
         for s in socks:
             s.close()
+
+
+# -- bulk walks past unreadable directories -------------------------------------------
+
+
+def test_bulk_walk_goes_on_past_an_unreadable_directory(sbx_env, repo, agent):
+    """docs/protocol.md, "Bulk": a subdirectory the agent cannot read gives
+    an error frame and the walk goes on.  The mount then knows the rest of
+    the tree (served with the agent frozen), and the unreadable directory
+    answers its own error when listed, never an empty listing."""
+    import shutil
+    from testenv.agent import up_remote
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv to drop the agent's DAC override")
+    # The agent runs as root, which reads any directory: take that power
+    # away (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH out of the bounding set,
+    # so the exec'd agent lacks them) and mode 000 becomes unreadable.
+    plain_argv = agent.argv
+    agent.argv = lambda: (["setpriv", "--bounding-set=-dac_override,"
+                           "-dac_read_search", "--"] + plain_argv())
+    agent.restart()
+    root = agent.root
+    (root / "locked").mkdir()
+    (root / "locked" / "secret").write_text("s\n")
+    # Two levels down: the breadth-first walk meets it only after every
+    # first-level directory (the locked one included), whatever their order.
+    (root / "zz" / "deeper").mkdir(parents=True)
+    (root / "zz" / "deeper" / "f").write_text("after the locked one\n")
+    os.chmod(root / "locked", 0)
+    sb = None
+    try:
+        sb = up_remote(sbx_env, "t1", agent, repo=repo)
+        m = sb.mnt
+        # The first look into the root walks the whole tree.
+        assert "locked" in os.listdir(m) and "zz" in os.listdir(m)
+        # What comes after the unreadable directory was delivered: with the
+        # agent frozen, it is served from what the walk brought.
+        os.kill(agent.pid(), signal.SIGSTOP)
+        try:
+            ls = fs_op("listdir", m / "zz" / "deeper")
+            st = fs_op("stat", m / "zz" / "deeper" / "f")
+        finally:
+            os.kill(agent.pid(), signal.SIGCONT)
+        assert ls.ok and ls.result == ["f"], (ls, diagnostics(sb))
+        assert ls.secs < OUTAGE_TIMEOUT / 2, ls
+        assert st.ok and st.result == len("after the locked one\n"), st
+        # The unreadable directory is not taken for an empty one.
+        r = fs_op("listdir", m / "locked")
+        assert not r.ok and r.errno == "EACCES", (r, diagnostics(sb))
+        r = fs_op("read", m / "zz" / "deeper" / "f")
+        assert r.ok and r.result == "after the locked one\n", r
+    finally:
+        os.chmod(root / "locked", 0o755)
+        if sb is not None:
+            sbx_env.sbx("down", "t1", "--force", timeout=60)

@@ -106,6 +106,15 @@ def git(env, repo, *args, check=True):
     return env.git(*args, cwd=repo, check=check).out.strip()
 
 
+def commit_files(env, repo, name, msg, n=3):
+    """n commits in `repo`, each adding the file NAME<i>.txt (message
+    MSG<i>)."""
+    for i in range(n):
+        (repo / f"{name}{i}.txt").write_text(f"{i}\n")
+        git(env, repo, "add", "-A")
+        git(env, repo, "commit", "-q", "-m", f"{msg}{i}")
+
+
 def commit_in_sandbox(penv, name, path="README.md", text="agent work\n",
                       msg="agent work"):
     penv.exec(name, "sh", "-c",
@@ -272,10 +281,7 @@ def test_path_identity(penv, repo):
 
 def test_ref_and_depth(renv, repo):
     env = renv.env
-    for i in range(3):
-        (repo / f"f{i}.txt").write_text(f"{i}\n")
-        git(env, repo, "add", "-A")
-        git(env, repo, "commit", "-q", "-m", f"c{i}")
+    commit_files(env, repo, "f", "c")
     m = mnt_of(renv.up("o1", "--repo", repo, "--ref", "main~1",
                        "--depth", "2"))
     assert renv.exec("o1", "git", "rev-parse", "HEAD").out.strip() == \
@@ -550,10 +556,7 @@ def test_serve_body_repo_keys(renv, repo):
     """`sbx serve`'s POST body takes the same keys: depth, no_repo."""
     from test_serve import Server
     env = renv.env
-    for i in range(3):
-        (repo / f"h{i}.txt").write_text(f"{i}\n")
-        git(env, repo, "add", "-A")
-        git(env, repo, "commit", "-q", "-m", f"h{i}")
+    commit_files(env, repo, "h", "h")
     roots = {}
     for name in ("sv1", "sv2"):
         root = env.root / f"agent-{name}"

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from exec_util import wait_for
+
 SRC = Path(__file__).resolve().parents[2]
 
 
@@ -524,8 +526,27 @@ def test_exec_client_gone(sbx_env, repo, server):
     assert st == 200 and got["state"] == "ready"
     ev = read_ndjson(server, "t1", {"argv": ["true"]})
     assert ev == [{"exit": 0}]
-    time.sleep(2.5)
+    # ... and is gone before the session is taken down.
+    assert wait_for(lambda: not procs_running("end.txt", sbx_env.root),
+                    timeout=15), procs_running("end.txt", sbx_env.root)
     sbx_env.sbx_ok("down", "t1", "--force")
+
+
+def procs_running(marker, under):
+    """Pids whose command line has `marker` and whose cwd is below
+    `under` (this test's own, not another run's)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            cwd = os.readlink(d / "cwd")
+        except OSError:
+            continue
+        if marker.encode() in cmd and cwd.startswith(str(under)):
+            found.append(int(d.name))
+    return found
 
 
 # ---- who can reach the API (docs/api.md, "Who can reach it") ---------------

@@ -58,6 +58,40 @@ def find_build_dir(option=None):
     return here / "build"
 
 
+# Backends a build may leave out (meson -Dkubernetes=disabled,
+# -Dmodal=disabled), with the config.h define that says whether it has them.
+OPTIONAL_PROVIDERS = {"kubernetes": "SBX_HAVE_KUBERNETES",
+                      "modal": "SBX_HAVE_MODAL"}
+NOT_BUILT_TAG = "SBX-NOT-BUILT"
+
+
+def provider_built(build_dir, provider):
+    """Whether the build in `build_dir` has `provider` compiled in.
+
+    Read from the build's config.h (SBX_HAVE_<NAME>), the same define the
+    provider registry uses.  Providers that are always built, and builds
+    older than the options, count as built.
+    """
+    define = OPTIONAL_PROVIDERS.get(provider)
+    if define is None:
+        return True
+    try:
+        text = (Path(build_dir) / "config.h").read_text()
+    except OSError:
+        return True
+    m = re.search(r"^#define %s (\d+)" % define, text, re.M)
+    return m is None or m.group(1) != "0"
+
+
+def not_built_reason(build_dir, provider):
+    """A skip reason when `provider` is not built in, else None."""
+    if provider_built(build_dir, provider):
+        return None
+    return (f"{NOT_BUILT_TAG}: provider {provider} is not built in "
+            f"(meson -D{provider}=disabled, or its dependencies are "
+            f"missing)")
+
+
 @dataclass
 class Result:
     args: list

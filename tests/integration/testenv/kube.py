@@ -3,61 +3,30 @@ fixture helper, shared by test_kubernetes.py and the `sandbox` fixture's
 kubernetes provider."""
 
 import json
-import signal
 import ssl
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from .fakeproc import FakeProcess, FakeSandbox
 
 FAKE = Path(__file__).resolve().parents[2] / "fakes" / "kube_apiserver.py"
 NS = "sbx-test"
 
 
-class KubeFakeServer:
-    def __init__(self, d, agent):
-        self.dir = Path(d)
-        self.agent = agent
-        self.proc = None
+class KubeFakeServer(FakeProcess):
+    script = FAKE
+    what = "the fake API server"
 
     def start(self, timeout=30):
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            ["/usr/bin/python3", str(FAKE), "--dir", str(self.dir),
-             "--agent", str(self.agent)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not (self.dir / "ready").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the fake API server did not start:\n"
-                                   + self.log_tail())
-            time.sleep(0.05)
-        info = json.loads((self.dir / "ready").read_text())
-        self.url = info["url"]
+        super().start(timeout)
+        self.url = self.ready["url"]
         self.kubeconfig = self.dir / "kubeconfig"
         self.token = (self.dir / "token").read_text().strip()
         self.ctx = ssl.create_default_context()
         self.ctx.check_hostname = False
         self.ctx.verify_mode = ssl.CERT_NONE
         return self
-
-    def stop(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log_tail(self, n=4000):
-        try:
-            return (self.dir / "fake.log").read_text()[-n:]
-        except OSError:
-            return "(no fake.log)"
 
     def api(self, method, path, body=None):
         req = urllib.request.Request(
@@ -140,50 +109,18 @@ def write_config(env, fake, **extra):
     return path
 
 
-class KubeSandbox:
+class KubeSandbox(FakeSandbox):
     """A session of the kubernetes provider on the fake: its "worktree" is
-    the directory the pod's agent serves, which tests may change directly
-    (as a command in the pod would)."""
+    the directory the pod's agent serves."""
 
     @classmethod
     def up(cls, env, name, fake, repo=None):
-        from .env import Sandbox, SbxError
         cfg = write_config(env, fake)
         r = env.sbx("--config", str(cfg), "up", name, "--provider",
                     "kubernetes", timeout=120)
-        if r.rc != 0:
-            raise SbxError(f"sbx up --provider kubernetes failed:\n{r}\n"
-                           f"{env.log_tail(name)}\n--- fake ---\n"
-                           f"{fake.log_tail()}")
-        sb = Sandbox(env, name, Path(r.out.strip().splitlines()[-1]), repo)
-        sb.__class__ = type("KubeSandbox", (cls, Sandbox), {})
-        sb.provider = "kubernetes"
-        sb.fake = fake
+        sb = cls.started(env, name, fake, repo, "kubernetes", r)
         sb.config = cfg
-        sb.root = fake.pod_root(name)
-        sb.wait_mounted()
-        if repo is not None:
-            # As if the image (or a first command) brought the code.
-            env.git("clone", "-q", "--no-hardlinks", str(repo),
-                    str(sb.root))
-            env.git("checkout", "-q", "-b", f"sbx/{name}", cwd=sb.root)
-            deadline = time.monotonic() + 10
-            while not (sb.mnt / ".git").exists():
-                if time.monotonic() > deadline:
-                    raise SbxError("the cloned repository did not show "
-                                   "through the mount")
-                time.sleep(0.05)
-        return sb
-
-    @property
-    def worktree(self):
-        return self.root
+        return sb.settle(fake.pod_root(name), repo)
 
     def sbx(self, *args, **kw):
         return self.env.sbx("--config", str(self.config), *args, **kw)
-
-    def down(self, timeout=120):
-        return self.sbx("down", self.name, "--force", timeout=timeout)
-
-    def __repr__(self):
-        return f"KubeSandbox({self.name!r}, mnt={str(self.mnt)!r})"

@@ -51,6 +51,7 @@ LatencyProxy (same interface) is fine where no FUSE mount is involved.
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import select
 import signal
@@ -149,14 +150,37 @@ class _Pipe:
             return "error"
 
 
-class LatencyProxy:
-    """A TCP proxy adding `delay_ms` each way; runs in a background thread."""
+class _Endpoint:
+    """What both proxies (in this process, or in a child) share: a context
+    manager that starts the proxy once, and its address.  Subclasses have
+    start(), close() and _started()."""
 
     def __init__(self, target, listen=("127.0.0.1", 0), delay_ms=10.0):
         self.target = (target[0], int(target[1]))
         self.listen_addr = (listen[0], int(listen[1]))
         self.delay = delay_ms / 1000.0
         self.port = None
+
+    def __enter__(self):
+        return self if self._started() else self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def address(self):
+        return (self.listen_addr[0], self.port)
+
+    @property
+    def url(self):
+        return f"http://{self.listen_addr[0]}:{self.port}"
+
+
+class LatencyProxy(_Endpoint):
+    """A TCP proxy adding `delay_ms` each way; runs in a background thread."""
+
+    def __init__(self, target, listen=("127.0.0.1", 0), delay_ms=10.0):
+        super().__init__(target, listen, delay_ms)
         self.connections = 0      # accepted so far
         self.bytes = 0            # forwarded so far (both directions)
         self._conns = set()       # (client_writer, server_writer)
@@ -203,19 +227,8 @@ class LatencyProxy:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-    def __enter__(self):
-        return self.start() if self._thread is None else self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def address(self):
-        return (self.listen_addr[0], self.port)
-
-    @property
-    def url(self):
-        return f"http://{self.listen_addr[0]}:{self.port}"
+    def _started(self):
+        return self._thread is not None
 
     def _call(self, coro_fn, *args):
         """Run coro_fn(*args) on the proxy's loop and wait for it."""
@@ -377,14 +390,11 @@ class LatencyProxy:
                         pass
 
 
-class ProxyProcess:
+class ProxyProcess(_Endpoint):
     """The proxy in a child process, controlled through its stdin."""
 
     def __init__(self, target, listen=("127.0.0.1", 0), delay_ms=10.0):
-        self.target = (target[0], int(target[1]))
-        self.listen_addr = (listen[0], int(listen[1]))
-        self.delay = delay_ms / 1000.0
-        self.port = None
+        super().__init__(target, listen, delay_ms)
         self.proc = None
 
     def start(self, timeout=10):
@@ -448,19 +458,24 @@ class ProxyProcess:
         if self.proc.stdout:
             self.proc.stdout.close()
 
-    def __enter__(self):
-        return self.start() if self.proc is None else self
+    def _started(self):
+        return self.proc is not None
 
-    def __exit__(self, *exc):
-        self.close()
 
-    @property
-    def address(self):
-        return (self.listen_addr[0], self.port)
-
-    @property
-    def url(self):
-        return f"http://{self.listen_addr[0]}:{self.port}"
+@contextlib.contextmanager
+def proxied_session(env, agent, repo, delay_ms, name="t1"):
+    """A remote session `name` reaching `agent` through a ProxyProcess
+    (delay_ms each way); afterwards the session is downed (--force) and the
+    proxy closed.  In a child process: an in-process proxy thread
+    deadlocks with subprocess(cwd=mount)."""
+    from .agent import up_remote
+    proxy = ProxyProcess(agent.address, delay_ms=delay_ms).start()
+    try:
+        sb = up_remote(env, name, agent, proxy, repo=repo)
+        yield sb
+        env.sbx("down", name, "--force", timeout=60)
+    finally:
+        proxy.close()
 
 
 async def _control(proxy, stop):
