@@ -64,7 +64,8 @@ int sbx_httpd_listen_unix(int *fd_out, const char *path, unsigned flags)
 		close(fd);
 		return rc;
 	}
-	printf("listening on unix:%s\n", path);
+	if (!(flags & SBX_HTTPD_LISTEN_QUIET))
+		printf("listening on unix:%s\n", path);
 	*fd_out = fd;
 	return 0;
 }
@@ -107,8 +108,9 @@ static bool split_spec(const char *spec, char **host_out, const char **port)
 	return **port != '\0';
 }
 
-/* Print "listening on ..." and fill *addr_out from the bound socket. */
-static void report_bound(int fd, struct sbx_httpd_addr *addr_out)
+/* Print "listening on ..." (unless quiet) and fill *addr_out from the
+ * bound socket. */
+static void report_bound(int fd, struct sbx_httpd_addr *addr_out, bool quiet)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
@@ -118,8 +120,10 @@ static void report_bound(int fd, struct sbx_httpd_addr *addr_out)
 	    getnameinfo((struct sockaddr *)&ss, sl, h, sizeof(h), p, sizeof(p),
 			NI_NUMERICHOST | NI_NUMERICSERV) != 0)
 		return;
-	printf("listening on %s%s%s:%s\n", ss.ss_family == AF_INET6 ? "[" : "",
-	       h, ss.ss_family == AF_INET6 ? "]" : "", p);
+	if (!quiet)
+		printf("listening on %s%s%s:%s\n",
+		       ss.ss_family == AF_INET6 ? "[" : "", h,
+		       ss.ss_family == AF_INET6 ? "]" : "", p);
 	if (addr_out) {
 		size_t hl = strnlen(h, sizeof(addr_out->host) - 1);
 
@@ -188,7 +192,7 @@ int sbx_httpd_listen_tcp(int *fd_out, struct sbx_httpd_addr *addr_out,
 					   spec);
 		goto out;
 	}
-	report_bound(fd, addr_out);
+	report_bound(fd, addr_out, flags & SBX_HTTPD_LISTEN_QUIET);
 	*fd_out = fd;
 	rc = 0;
 out:

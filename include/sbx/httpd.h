@@ -49,6 +49,8 @@ struct cJSON;
 				       * is 127.0.0.1), no name lookup */
 #define SBX_HTTPD_LISTEN_LOOPBACK 0x4 /* tcp: refuse a non-loopback
 					* address (-EPERM) */
+#define SBX_HTTPD_LISTEN_QUIET 0x8 /* do not print "listening on ..." on
+				    * stdout (tests whose stdout is TAP) */
 
 /*
  * Listen on the unix socket `path`, replacing a stale socket (never any

@@ -248,7 +248,8 @@ static void test_serve_tcp(void **state)
 
 	assert_int_equal(sbx_httpd_listen_tcp(&lfd, &addr, "localhost:0",
 					      SBX_HTTPD_LISTEN_NUMERIC |
-						      SBX_HTTPD_LISTEN_LOOPBACK),
+						      SBX_HTTPD_LISTEN_LOOPBACK |
+						      SBX_HTTPD_LISTEN_QUIET),
 			 0);
 	assert_string_equal(addr.host, "127.0.0.1");
 	assert_true(addr.port > 0);
@@ -299,7 +300,8 @@ static void test_listen_errors(void **state)
 			 -EINVAL);
 	assert_int_equal(sbx_httpd_listen_tcp(&fd, NULL, "0.0.0.0:0",
 					      SBX_HTTPD_LISTEN_NUMERIC |
-						      SBX_HTTPD_LISTEN_LOOPBACK),
+						      SBX_HTTPD_LISTEN_LOOPBACK |
+						      SBX_HTTPD_LISTEN_QUIET),
 			 -EPERM);
 	assert_int_equal(fd, -1);
 	assert_int_equal(sbx_httpd_listen_unix(&fd, "", 0), -ENAMETOOLONG);
@@ -307,12 +309,14 @@ static void test_listen_errors(void **state)
 	/* a private socket; a stale one is replaced */
 	snprintf(path, sizeof(path), "%s/s.sock", dir);
 	assert_int_equal(sbx_httpd_listen_unix(&fd, path,
-					       SBX_HTTPD_LISTEN_PRIVATE),
+					       SBX_HTTPD_LISTEN_PRIVATE |
+						       SBX_HTTPD_LISTEN_QUIET),
 			 0);
 	close(fd);
 	assert_int_equal(lstat(path, &st), 0);
 	assert_int_equal(st.st_mode & 077, 0);
-	assert_int_equal(sbx_httpd_listen_unix(&fd, path, 0), 0);
+	assert_int_equal(sbx_httpd_listen_unix(&fd, path,
+					       SBX_HTTPD_LISTEN_QUIET), 0);
 	close(fd);
 	th_rmrf(dir);
 	free(dir);

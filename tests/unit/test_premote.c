@@ -124,10 +124,12 @@ static void fake_stop(struct fake *f)
 {
 	if (f->fd < 0)
 		return;
+	/* shutdown() ends the accept() of the thread, which still reads
+	 * f->fd: join it before the descriptor is closed and cleared. */
 	shutdown(f->fd, SHUT_RDWR);
+	pthread_join(f->thread, NULL);
 	close(f->fd);
 	f->fd = -1;
-	pthread_join(f->thread, NULL);
 }
 
 #define AGENT_HDRS                                                             \

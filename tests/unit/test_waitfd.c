@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -129,7 +130,7 @@ struct kicker {
 	pthread_t target;
 	int wake_w;     /* written at the end, when >= 0 */
 	int kicks;
-	volatile bool stop;
+	atomic_bool stop; /* set by the test thread, read by the kicker */
 };
 
 /* Interrupt the target's poll every 5 ms for ~150 ms, then maybe wake it. */
@@ -137,7 +138,7 @@ static void *kick_thread(void *arg)
 {
 	struct kicker *k = arg;
 
-	for (int i = 0; i < 30 && !k->stop; i++) {
+	for (int i = 0; i < 30 && !atomic_load(&k->stop); i++) {
 		pthread_kill(k->target, SIGUSR1);
 		k->kicks++;
 		usleep(5000);
@@ -166,7 +167,7 @@ static void test_eintr_retried(void **state)
 	assert_int_equal(sbx_waitfd(fd[0], POLLIN, wake[0], 300, NULL),
 			 SBX_WAITFD_TIMEOUT);
 	el = sbx_clock_mono_ms() - t0;
-	k.stop = true;
+	atomic_store(&k.stop, true);
 	pthread_join(t, NULL);
 	assert_true(k.kicks > 0);
 	assert_true(el >= 299);
