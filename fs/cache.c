@@ -349,9 +349,38 @@ static int c_readlink(struct sbx_sandbox *sb, struct sbx_node *node, char *buf,
 
 /* ---- open files ---------------------------------------------------------- */
 
+/*
+ * Does the kernel send FLUSH for this open?  Not for read-only ones:
+ * fill_open() in fs/ops.c sets FOPEN_NOFLUSH unless the open may write
+ * (the same rule as its open_for_writing()), which saves a synchronous
+ * request per close(2) of a reader.
+ */
+static bool open_flushes(int flags)
+{
+	return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+}
+
+/*
+ * Count a new open file f of n.  Opens without FLUSH never count as
+ * active: an unlink of a file that only readers have open waits a little
+ * for their RELEASE (cache_silly.c) instead of taking them for open.
+ */
+static void count_open(struct cache *c, struct cnode *n, struct cfile *f)
+{
+	cache_lock(c);
+	n->opens++;
+	if (open_flushes(f->flags))
+		n->active++;
+	else
+		f->flushed = true;
+	cache_unlock(c);
+}
+
 /* I/O on a closed file (a dup'd descriptor): it is open after all. */
 static void reactivate(struct cache *c, struct cfile *f)
 {
+	if (!open_flushes(f->flags))
+		return; /* never active, see count_open() */
 	cache_lock(c);
 	if (f->flushed) {
 		f->flushed = false;
@@ -397,10 +426,7 @@ static int c_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 	}
 	out->fh = (struct sbx_file *)wb_file_new(n, flags);
 	out->keep_cache = same;
-	cache_lock(c);
-	n->opens++;
-	n->active++;
-	cache_unlock(c);
+	count_open(c, n, CFILE(out->fh));
 	return 0;
 }
 
@@ -441,10 +467,7 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	c->inner->ops->forget(c->inner, made);
 	k = entry_created(c, dir, name, st);
 	f = wb_file_new(k, flags);
-	cache_lock(c);
-	k->opens++;
-	k->active++;
-	cache_unlock(c);
+	count_open(c, k, f);
 	memset(out, 0, sizeof(*out));
 	out->fh = (struct sbx_file *)f;
 	out->keep_cache = true;
@@ -568,7 +591,6 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	struct cache_io io;
 	/* msync write-back may have come through another open file. */
 	int rc = wb_push_node(c, f->node);
-
 	if (rc == 0)
 		rc = wb_io_begin(c, f, &io);
 	if (rc == 0) {
@@ -621,6 +643,56 @@ static int c_fallocate(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
 	return rc;
 }
 
+/*
+ * Does n, by its cached attributes, have no holes?  Its allocated blocks
+ * cover its size, and not by much more: blocks past EOF (fallocate with
+ * KEEP_SIZE, speculative preallocation) could make up for a hole.  A small
+ * file takes a whole block, a large one some blocks of metadata.  Wrong
+ * only towards "no holes", which is always a correct answer to SEEK_HOLE.
+ * Caller holds c->lock.
+ */
+static bool known_dense(struct cache *c, const struct cnode *n)
+{
+	off_t size = n->st.st_size, alloc = (off_t)n->st.st_blocks * 512;
+
+	return n->st_valid && !n->dirty && cache_fresh(c, n->st_time) &&
+	       S_ISREG(n->st.st_mode) && alloc >= size &&
+	       alloc - size <= (64 << 10) + size / 64;
+}
+
+/*
+ * SEEK_DATA / SEEK_HOLE of a file known to have no holes, from its cached
+ * size: data anywhere before EOF, the hole at EOF, ENXIO at or past it (as
+ * Linux answers).  grep asks this of every file larger than its buffer.
+ * Returns false when the sandbox must be asked.
+ */
+static bool lseek_local(struct cache *c, struct cnode *n, off_t off,
+			int whence, off_t *r)
+{
+	off_t size;
+
+	if (whence != SEEK_DATA && whence != SEEK_HOLE)
+		return false;
+	if (off < 0) {
+		/* What Linux answers; the agent would take it for EINVAL. */
+		*r = sbx_error_set(SBX_ERR_REMOTE, -ENXIO, "negative offset");
+		return true;
+	}
+	cache_lock(c);
+	if (!known_dense(c, n)) {
+		cache_unlock(c);
+		return false;
+	}
+	size = n->st.st_size;
+	cache_unlock(c);
+	if (off >= size)
+		*r = sbx_error_set(SBX_ERR_REMOTE, -ENXIO, "offset %lld is "
+				   "past the end", (long long)off);
+	else
+		*r = whence == SEEK_DATA ? off : size;
+	return true;
+}
+
 static off_t c_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
 		     int whence)
 {
@@ -630,6 +702,8 @@ static off_t c_lseek(struct sbx_sandbox *sb, struct sbx_file *fh, off_t off,
 	off_t r;
 	int rc;
 
+	if (lseek_local(c, f->node, off, whence, &r))
+		return r;
 	if (!c->inner->ops->lseek)
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS, "no lseek");
 	rc = with_file(c, f, &io);
@@ -662,17 +736,39 @@ static int c_releasedir(struct sbx_sandbox *sb, struct sbx_file *dh)
 	return 0;
 }
 
+/*
+ * One file system under the whole sandbox: the root's answer serves every
+ * node, and is reused for CACHE_STATFS_TTL seconds whatever the change
+ * stream says (free space changes without events).
+ */
 static int c_statfs(struct sbx_sandbox *sb, struct sbx_node *node,
 		    struct statvfs *out)
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = cache_inner_node(c, "", &in);
+	int rc;
 
+	(void)node;
+	cache_lock(c);
+	if (c->statfs_valid &&
+	    cache_now() - c->statfs_time < CACHE_STATFS_TTL) {
+		*out = c->statfs;
+		cache_unlock(c);
+		return 0;
+	}
+	cache_unlock(c);
+	rc = cache_inner_node(c, "", &in);
 	if (rc < 0)
 		return rc;
 	rc = c->inner->ops->statfs(c->inner, in, out);
 	c->inner->ops->forget(c->inner, in);
+	if (rc == 0) {
+		cache_lock(c);
+		c->statfs = *out;
+		c->statfs_time = cache_now();
+		c->statfs_valid = true;
+		cache_unlock(c);
+	}
 	return rc;
 }
 
@@ -683,7 +779,10 @@ static int c_statfs(struct sbx_sandbox *sb, struct sbx_node *node,
  * security.* (SELinux labels, capabilities) and system.* (POSIX ACLs) of a
  * remote sandbox describe the remote machine's policy, not something this
  * machine can enforce; `ls -l` asks every file for them, which would cost
- * a round trip per file.  They are not exposed.
+ * a round trip per file.  They are not exposed: not listed, and get and
+ * set answer EOPNOTSUPP, as a file system without them does.  (ENODATA
+ * would say "supported, none on this file", and `ls -l` would ask every
+ * file again; after EOPNOTSUPP it stops asking for the device.)
  */
 static bool foreign_xattr(const char *name)
 {
@@ -693,13 +792,13 @@ static bool foreign_xattr(const char *name)
 
 /*
  * May an xattr call go through to the wrapped sandbox, which offers it
- * (`offered`)?  0, or the error: foreign_rc for a foreign `name` (NULL: no
- * such check), -EOPNOTSUPP when the sandbox has no xattrs.
+ * (`offered`)?  0, or -EOPNOTSUPP: for a foreign `name` (NULL: no such
+ * check), or when the sandbox has no xattrs.
  */
-static int xattr_pass(const char *name, bool offered, int foreign_rc)
+static int xattr_pass(const char *name, bool offered)
 {
 	if (name && foreign_xattr(name))
-		return sbx_error_set(SBX_ERR_REMOTE, foreign_rc,
+		return sbx_error_set(SBX_ERR_REMOTE, -EOPNOTSUPP,
 				     "%s is not exposed for remote sandboxes",
 				     name);
 	if (!offered)
@@ -712,7 +811,7 @@ static ssize_t c_getxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = xattr_pass(name, c->inner->ops->getxattr != NULL, -ENODATA);
+	int rc = xattr_pass(name, c->inner->ops->getxattr != NULL);
 
 	if (rc < 0)
 		return rc;
@@ -721,16 +820,43 @@ static ssize_t c_getxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 						  size));
 }
 
+/*
+ * The names the sandbox lists, less the foreign ones (which getxattr would
+ * refuse).  One call with room for any list (XATTR_LIST_MAX), so that the
+ * size query (size 0) costs no second round trip and sees the filtered
+ * length.
+ */
 static ssize_t c_listxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 			   char *buf, size_t size)
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
+	size_t len = 0, l;
+	ssize_t n;
+	char *all;
 
 	if (!c->inner->ops->listxattr)
 		return 0;
-	return XATTR_CALL(c, node, in,
-			  c->inner->ops->listxattr(c->inner, in, buf, size));
+	all = sbx_xmalloc(XATTR_LIST_MAX);
+	n = XATTR_CALL(c, node, in,
+		       c->inner->ops->listxattr(c->inner, in, all,
+						XATTR_LIST_MAX));
+	for (ssize_t i = 0; i < n; i += (ssize_t)l + 1) {
+		l = strnlen(all + i, (size_t)(n - i));
+		if (foreign_xattr(all + i) || (ssize_t)l == n - i)
+			continue; /* hidden, or not terminated */
+		if (size && len + l + 1 > size) {
+			free(all);
+			return sbx_error_set(SBX_ERR_REMOTE, -ERANGE,
+					     "xattr list larger than %zu bytes",
+					     size);
+		}
+		if (size)
+			memcpy(buf + len, all + i, l + 1);
+		len += l + 1;
+	}
+	free(all);
+	return n < 0 ? n : (ssize_t)len;
 }
 
 static int c_setxattr(struct sbx_sandbox *sb, struct sbx_node *node,
@@ -739,8 +865,7 @@ static int c_setxattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = xattr_pass(name, c->inner->ops->setxattr != NULL,
-			    -EOPNOTSUPP);
+	int rc = xattr_pass(name, c->inner->ops->setxattr != NULL);
 
 	if (rc < 0)
 		return rc;
@@ -754,7 +879,7 @@ static int c_removexattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct sbx_node *in;
-	int rc = xattr_pass(NULL, c->inner->ops->removexattr != NULL, 0);
+	int rc = xattr_pass(NULL, c->inner->ops->removexattr != NULL);
 
 	if (rc < 0)
 		return rc;

@@ -70,9 +70,19 @@
 #define CACHE_WB_EXPIRE 1.0
 /* How often the flusher looks for expired buffers. */
 #define CACHE_WB_TICK_MS 200
-/* Prefetch: content for files up to max_file, total max_total. */
-#define PREFETCH_MAX_FILE (64u << 10)
+/*
+ * Prefetch: content for files up to max_file, total max_total.  max_file
+ * is the protocol's cap (one bulk frame, SBX_PROTO_MAX_FRAME_DATA), the
+ * same as CACHE_WHOLE_FILE: a file the bulk skips would be fetched whole
+ * at its first read anyway, one round trip each.
+ */
+#define PREFETCH_MAX_FILE (1u << 20)
 #define PREFETCH_MAX_TOTAL (32u << 20)
+/*
+ * How long a statfs answer is reused (seconds).  `df` through the mount may
+ * lag this much; fts (grep -r, find) calls fstatfs() once per walk.
+ */
+#define CACHE_STATFS_TTL 5.0
 /* Hidden names of open files removed through the mount (silly rename). */
 #define SILLY_PREFIX ".sbx-silly."
 /* How long an unlink waits for the RELEASE that follows a close. */
@@ -195,6 +205,10 @@ struct cache {
 	 */
 	unsigned long events;
 	unsigned long silly_seq;
+	/* The last statfs answer, reused for CACHE_STATFS_TTL (c_statfs). */
+	struct statvfs statfs;
+	double statfs_time;
+	bool statfs_valid;
 	/* The write-back flusher. */
 	pthread_t flusher;
 	bool flusher_running;

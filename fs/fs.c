@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,24 +292,67 @@ static bool dev_mounted(dev_t dev)
 }
 
 /*
- * The kernel caps FUSE readahead at the mount's bdi setting (128 KiB), far
- * below what the backend streams; raise it where we may (root).  Best
- * effort.
+ * Read-ahead.  The kernel caps FUSE read-ahead at the bdi's read_ahead_kb,
+ * 128 KiB by default, far below what the backend streams; we raise it
+ * where we may (root; best effort).  Not before the INIT reply: the kernel
+ * offers the bdi's setting of mount time in INIT and, on the reply, lowers
+ * the bdi to what was offered, undoing an earlier write.  So a thread,
+ * started once the mount exists, stats the mount root: the kernel holds
+ * every request until INIT is answered, so when the stat returns, the cap
+ * is in place and the write sticks.  Not on a FUSE worker (the stat needs
+ * one to answer it), and nothing waits for it; it owns a copy of what it
+ * needs, so it may outlive the session (a mount that fails to come up
+ * fails its stat).
  */
-static void tune_readahead(dev_t dev, unsigned kib)
+struct readahead_job {
+	char *mountpoint;
+	dev_t dev;
+	unsigned kib;
+};
+
+static void *readahead_thread(void *arg)
 {
+	struct readahead_job *j = arg;
 	char path[64];
+	struct stat st;
 	FILE *f;
 
-	if (!dev)
-		return;
 	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 major(dev), minor(dev));
-	f = fopen(path, "we");
-	if (!f)
+		 major(j->dev), minor(j->dev));
+	if (stat(j->mountpoint, &st) == 0 && st.st_dev == j->dev &&
+	    (f = fopen(path, "we"))) {
+		fprintf(f, "%u\n", j->kib);
+		if (fclose(f) != 0)
+			sbx_debug("%s: %s", path, strerror(errno));
+	}
+	free(j->mountpoint);
+	free(j);
+	return NULL;
+}
+
+static void start_readahead(struct fs *fs)
+{
+	struct readahead_job *j;
+	pthread_attr_t attr;
+	pthread_t t;
+	int err;
+
+	if (!fs->dev || !fs->mountpoint)
 		return;
-	fprintf(f, "%u\n", kib);
-	fclose(f);
+	j = sbx_xcalloc(1, sizeof(*j));
+	j->mountpoint = sbx_xstrdup(fs->mountpoint);
+	j->dev = fs->dev;
+	/* Remote: more in flight hides the round trip (8 MiB = 8 reads). */
+	j->kib = fs->cached ? 8192 : 1024;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	err = pthread_create(&t, &attr, readahead_thread, j);
+	if (err != 0) {
+		sbx_debug("no read-ahead thread: %s", strerror(err));
+		free(j->mountpoint);
+		free(j);
+	}
+	pthread_attr_destroy(&attr);
 }
 
 /*
@@ -529,8 +573,7 @@ int fs_daemon_run(const struct fs_options *o)
 	}
 	mounted = true;
 	fs.dev = mount_dev(o->session);
-	/* Remote: more in flight hides the round trip (8 MiB = 8 reads). */
-	tune_readahead(fs.dev, fs.cached ? 8192 : 1024);
+	start_readahead(&fs);
 
 	rc = start_watch(&fs);
 	if (rc < 0)

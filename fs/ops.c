@@ -502,6 +502,12 @@ static void fill_open(struct fs *fs, struct fuse_file_info *fi,
 	fi->keep_cache = res->keep_cache && (fs->cached || fs_healthy(fs));
 	fi->direct_io = res->direct_io;
 	fi->nonseekable = res->nonseekable;
+	/*
+	 * A reader's close(2) needs no FLUSH: nothing is buffered for it and
+	 * locks stay in the kernel.  The caching layer counts such opens out
+	 * of its "not yet closed" hint (fs/cache.c, count_open()).
+	 */
+	fi->noflush = !f->writer;
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -1770,7 +1770,22 @@ class Controller:
                         self.finding("lost", i, phase,
                                      f"LOST (in the sandbox's directory) "
                                      f"{name}: {bad}")
+        before = len(self.report.findings)
+        sandbox_bad = {f["text"].split(" ")[5].rstrip(":")
+                       for f in self.report.findings
+                       if f["kind"] == "lost"
+                       and "(in the sandbox's directory)" in f["text"]}
         self.run_workers(specs, 60)
+        # A file the sandbox holds intact but the mount cannot read is not
+        # a lost write: it is the mount's view after the outage, a known
+        # defect (docs/design.md, "Known defects": mount-stale).  A file
+        # the sandbox itself lacks or has wrong stays "lost".
+        if backing is not None:
+            for f in self.report.findings[before:]:
+                if f["kind"] == "lost" and "(through the mount)" in f["text"]:
+                    name = f["text"].split(" ")[4].rstrip(":")
+                    if name not in sandbox_bad and "cannot read" in f["text"]:
+                        f["kind"] = "mount-stale"
         n = sum(len(r["expect"]) for r in fault_results if r)
         self.report.phases.append(f"verify after phase {phase}: {n} files")
 

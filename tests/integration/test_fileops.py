@@ -1270,3 +1270,64 @@ def test_parallel_churn(sandbox):
         i = 599
         assert (root / f"p{k}" / f"f{i}").read_bytes() == \
             f"p{k}-{i}-".encode() * (1 + i % 50)
+
+
+# -- quick answers of the caching layer (issue 15) ------------------------------
+
+
+def test_lseek_dense_buffered_and_past_eof(sandbox, plain_dir):
+    """SEEK_DATA / SEEK_HOLE of files without holes (the cache answers from
+    the size it knows), of a file with buffered writes (pushed and asked),
+    at and past EOF (ENXIO), and of an empty file: as a plain directory."""
+    def scen(d):
+        obs = []
+        write_file(d / "dense", b"x" * 200000)
+        write_file(d / "one", b"1")
+        write_file(d / "empty", b"")
+        for name in ("dense", "one", "empty"):
+            fd = os.open(d / name, os.O_RDONLY)
+            size = os.fstat(fd).st_size
+            for off in (0, 1, 4096, size - 1, size, size + 1, 10 * MiB):
+                obs.append([name, off,
+                            attempt(os.lseek, fd, off, os.SEEK_DATA),
+                            attempt(os.lseek, fd, off, os.SEEK_HOLE)])
+            os.close(fd)
+        # buffered writes that grow the file without a hole, then seek on
+        # the writing descriptor and on another one
+        fd = os.open(d / "dense", os.O_RDWR)
+        os.pwrite(fd, b"y" * 100, 200000)
+        fd2 = os.open(d / "dense", os.O_RDONLY)
+        for f in (fd, fd2):
+            for off in (0, 199999, 200050, 200100, 300000):
+                obs.append([off, attempt(os.lseek, f, off, os.SEEK_DATA),
+                            attempt(os.lseek, f, off, os.SEEK_HOLE)])
+        os.close(fd2)
+        os.close(fd)
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen)
+    assert obs[0] == ["dense", 0, ("ok", 0), ("ok", 200000)]
+
+
+@pytest.mark.providers("remote")
+def test_foreign_xattrs_not_exposed(sandbox):
+    """security.* and system.* of a remote sandbox are not exposed
+    (docs/design.md, "Foreign extended attributes"): get and set answer
+    EOPNOTSUPP, as on a file system without them, and they are not listed.
+    (A plain ext4 directory answers ENODATA for an absent security.selinux:
+    "supported, none here", after which `ls -l` asks every file again; after
+    EOPNOTSUPP coreutils stops asking for the device.)  user.* pass."""
+    import errno
+    ENOTSUP = errno.errorcode[errno.EOPNOTSUPP]
+    f = sandbox.mnt / "xattr-foreign"
+    write_file(f, b"x")
+    for name in ("security.selinux", "system.posix_acl_access",
+                 "security.capability"):
+        assert err_of(os.getxattr, f, name) == ENOTSUP, name
+        assert err_of(os.getxattr, sandbox.mnt, name) == ENOTSUP, name
+    assert err_of(os.setxattr, f, "security.test", b"v") == ENOTSUP
+    assert not [n for n in os.listxattr(f)
+                if n.startswith(("security.", "system."))]
+    os.setxattr(f, "user.kept", b"1")
+    assert "user.kept" in os.listxattr(f)
+    assert os.getxattr(f, "user.kept") == b"1"

@@ -57,7 +57,7 @@ FAULT_TIMEOUT = 4
 # "Known defects"): results that differ from a local disk.  On remote they
 # make the test xfail (reported, never counted as passed); anything else --
 # a hang, a crash, a lost acknowledged write, a tester error -- fails.
-KNOWN_REMOTE = ("mismatch", "stale-read", "leak", "resync")
+KNOWN_REMOTE = ("mismatch", "stale-read", "leak", "resync", "mount-stale")
 
 
 def judge(rep, provider, what):

@@ -992,3 +992,38 @@ def test_bulk_walk_goes_on_past_an_unreadable_directory(sbx_env, repo, agent):
         os.chmod(root / "locked", 0o755)
         if sb is not None:
             sbx_env.sbx("down", "t1", "--force", timeout=60)
+
+
+# -- read-ahead --------------------------------------------------------------------------
+
+
+def _bdi_of(mnt):
+    """major:minor of the mount at mnt, from mountinfo (no request to it)."""
+    dev = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" ")
+            if mounts._unescape(fields[4]) == os.path.abspath(str(mnt)):
+                dev = fields[2]
+    return dev
+
+
+@pytest.mark.remote_only("the remote mount's read-ahead (8 MiB)")
+def test_read_ahead_raised_after_init(sandbox):
+    """The daemon raises its bdi's read_ahead_kb to 8 MiB (docs/design.md,
+    "Readahead").  It must do so after the kernel's INIT is answered: the
+    INIT reply lowers the bdi to what the kernel offered at mount time (128
+    KiB), undoing an earlier write, and a cold sequential read then goes out
+    as 128 KiB requests, 2 in flight (11 MB/s at 20 ms RTT)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root may write read_ahead_kb")
+    dev = _bdi_of(sandbox.mnt)
+    assert dev, sandbox.mnt
+    path = f"/sys/class/bdi/{dev}/read_ahead_kb"
+
+    def value():
+        with open(path) as f:
+            return int(f.read())
+
+    # Right after `sbx up`, without a request of ours to the mount.
+    poll(value, 8192, 5.0)
