@@ -87,6 +87,17 @@ int cli_common_opt(const char *cmd, int opt);
  */
 int cli_check_name(const char *cmd, const char *name);
 
+/*
+ * After getopt, for the commands that take a session NAME (mount, umount,
+ * status, down, snapshot, snapshots, restore, pull, env): between `min` and
+ * `max` positional arguments (from argv[optind]), the first a valid session
+ * name (cli_check_name).  Returns CLI_EXIT_OK, or CLI_EXIT_USAGE after
+ * printing the usage message `expected` (e.g. "expected one session NAME")
+ * or the name's problem.
+ */
+int cli_args_name(const char *cmd, int argc, char **argv, int min, int max,
+		  const char *expected);
+
 /* Print a JSON tree on stdout (pretty, newline-terminated). */
 void cli_print_json(const struct cJSON *j);
 

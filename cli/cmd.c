@@ -232,6 +232,18 @@ int cli_check_name(const char *cmd, const char *name)
 	return CLI_EXIT_USAGE;
 }
 
+int cli_args_name(const char *cmd, int argc, char **argv, int min, int max,
+		  const char *expected)
+{
+	int n = argc - optind;
+
+	if (n < min || n > max)
+		return cli_usage(cmd, "%s", expected);
+	if (cli_check_name(cmd, argv[optind]))
+		return CLI_EXIT_USAGE;
+	return CLI_EXIT_OK;
+}
+
 void cli_print_json(const cJSON *j)
 {
 	char *s = sbx_json_print(j, true);

@@ -22,7 +22,6 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
-#include "args_i.h"
 #include "repo_i.h"
 
 /* Remount after a refused terminate; reports both errors if that fails. */

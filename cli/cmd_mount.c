@@ -10,7 +10,6 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
-#include "args_i.h"
 
 int cli_cmd_mount(int argc, char **argv)
 {

@@ -170,10 +170,10 @@ int cli_cmd_pull(int argc, char **argv)
 		default: return cli_common_opt("pull", opt);
 		}
 	}
-	if (argc - optind != 1)
-		return cli_usage("pull", "expected one session NAME");
-	if (cli_check_name("pull", argv[optind]))
-		return CLI_EXIT_USAGE;
+	rc = cli_args_name("pull", argc, argv, 1, 1,
+			   "expected one session NAME");
+	if (rc != CLI_EXIT_OK)
+		return rc;
 	if (repo_opt && !*repo_opt)
 		return cli_usage("pull", "--repo needs a directory");
 

@@ -193,10 +193,10 @@ int cli_cmd_env(int argc, char **argv)
 		else
 			return cli_common_opt("env", opt);
 	}
-	if (argc - optind != 1)
-		return cli_usage("env", "expected one session NAME");
-	if (cli_check_name("env", argv[optind]))
-		return CLI_EXIT_USAGE;
+	rc = cli_args_name("env", argc, argv, 1, 1,
+			   "expected one session NAME");
+	if (rc != CLI_EXIT_OK)
+		return rc;
 	rc = sbx_state_load(&s, argv[optind]);
 	sbx_session_fini(&s);
 	if (rc < 0)

@@ -14,7 +14,6 @@
 #include "sbx/state.h"
 #include "sbx/status.h"
 #include "cli_i.h"
-#include "args_i.h"
 
 /* A session under its lock, with its provider: what snapshot and restore
  * work on. */

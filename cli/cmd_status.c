@@ -17,7 +17,6 @@
 #include "sbx/status.h"
 #include "sbx/xmalloc.h"
 #include "cli_i.h"
-#include "args_i.h"
 #include "repo_i.h"
 
 static const char *or_dash(const char *s)
