@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "sbx/buf.h"
+#include "sbx/ctl.h"
 #include "sbx/json.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
@@ -61,20 +62,6 @@ static size_t name_len(const char *kv)
 static bool named(const char *kv, const char *name, size_t n)
 {
 	return name_len(kv) == n && !strncmp(kv, name, n);
-}
-
-/* Is `name` (n bytes) in the comma/space separated list `list`? */
-static bool in_list(const char *list, const char *name, size_t n)
-{
-	for (const char *p = list; p && *p;) {
-		size_t l = strcspn(p, ", :");
-
-		if (l == n && !strncmp(p, name, n))
-			return true;
-		p += l;
-		p += strspn(p, ", :");
-	}
-	return false;
 }
 
 struct collect {
@@ -235,7 +222,7 @@ int premote_exec_env(struct premote_sandbox *s, const char *const *envp,
 
 		for (size_t k = 0; s->cenv && client_only[k] && !drop; k++)
 			if (named(kv, client_only[k], strlen(client_only[k])) &&
-			    !in_list(set, kv, l))
+			    !sbx_ctl_env_listed(set, kv, l))
 				drop = true;
 		if (!drop)
 			res[n++] = sbx_xstrdup(kv);
