@@ -53,21 +53,6 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-/*
- * Serve `sb` through the caching layer?  Every sandbox that can be cached
- * is, unless SBX_REMOTE_NO_CACHE=1: a debugging aid that serves the
- * provider directly, to tell the provider's faults from the cache's
- * (docs/providers.md).  The one place that reads it.
- */
-static bool want_cache(const struct sbx_sandbox *sb)
-{
-	const char *off = getenv("SBX_REMOTE_NO_CACHE");
-
-	if (!fs_cache_supported(sb))
-		return false;
-	return !(off && strcmp(off, "1") == 0);
-}
-
 /* Open the sandbox of `s` and serve it; returns fs_daemon_run()'s result. */
 static int serve(const struct sbx_session *s, int ready_fd)
 {
@@ -94,7 +79,7 @@ static int serve(const struct sbx_session *s, int ready_fd)
 	o.sandbox = sb;
 	o.ready_fd = ready_fd;
 	o.allow_other = s->allow_other;
-	o.cache = want_cache(sb);
+	o.cache = fs_cache_supported(sb);
 	sbx_info("serving session %s at %s%s", s->session, s->mountpoint,
 		 s->allow_other ? " (allow_other)" : "");
 	rc = fs_daemon_run(&o);

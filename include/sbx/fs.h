@@ -34,8 +34,8 @@ struct fs_options {
 	 * Serve the sandbox through the caching layer (fs/cache.h), a
 	 * decorator the caller chooses: only for a sandbox that
 	 * fs_cache_supported() accepts (fs_daemon_run() fails with -EINVAL
-	 * otherwise).  cli/daemon.c caches every such sandbox unless
-	 * SBX_REMOTE_NO_CACHE=1.
+	 * otherwise).  cli/daemon.c caches every such sandbox: the cache is
+	 * part of the remote data plane's correctness (docs/design.md).
 	 */
 	bool cache;
 };

@@ -679,6 +679,25 @@ def test_bad_token_refused(sbx_env, agent, case):
     _assert_nothing_mounted(sbx_env, "bad")
 
 
+def test_cache_cannot_be_switched_off(sbx_env, agent):
+    """The cache is part of the remote data plane's correctness
+    (docs/design.md): SBX_REMOTE_NO_CACHE=1, a former debugging switch
+    that served the provider directly, no longer turns it off, so a file
+    removed while open stays readable through its descriptor."""
+    from testenv.agent import up_remote
+    sbx_env.env["SBX_REMOTE_NO_CACHE"] = "1"
+    sb = up_remote(sbx_env, "nocache", agent)
+    try:
+        p = sb.mnt / "open-then-unlinked.txt"
+        p.write_text("still here\n")
+        with open(p) as f:
+            os.unlink(p)
+            assert f.read() == "still here\n"
+    finally:
+        sbx_env.sbx("down", "nocache", "--force")
+        del sbx_env.env["SBX_REMOTE_NO_CACHE"]
+
+
 def test_agent_answers_401_without_token(agent):
     st, hdrs, body = agent.request("GET", "/v1/info", token=False)
     assert st == 401, (st, body)
