@@ -5,7 +5,8 @@
  * per-open handle, close is flush + release, O_TRUNC on open arrives as a
  * setattr(size=0).  Inner calls are counted by the provider, changes
  * "behind the mount" are pmem_ext_*(), and the provider's gate makes races
- * happen in a chosen order.
+ * happen in a chosen order.  The fixture and those sequences are shared
+ * with the other cache tests: test_cache_i.h.
  *
  * Two groups:
  *  - behaviour the cache has (caching, negative entries, listings,
@@ -42,6 +43,7 @@
 #include "sbx/provider.h"
 #include "../../fs/cache.h"
 #include "../../providers/mem/pmem.h"
+#include "test_cache_i.h"
 
 /* A bounded section that has not finished by then is a hang. */
 #define WATCHDOG_S 5
@@ -49,14 +51,6 @@
 #define GLOBAL_WATCHDOG_S 28
 /* Run only the tests whose names match this glob (cmocka's filter). */
 #define FILTER_ENV "SBX_TEST_FILTER"
-
-struct env {
-	struct sbx_sandbox *mem;   /* the wrapped sandbox */
-	struct sbx_sandbox *cache; /* what the daemon would use */
-	const struct sbx_sandbox_ops *ops; /* cache->ops */
-	struct sbx_node *root;
-	bool hung;                 /* a worker is stuck in it: leak */
-};
 
 /* ---- forwarded changes --------------------------------------------------- */
 
@@ -121,22 +115,13 @@ static void leak(void *p)
 
 static int setup(void **state)
 {
-	struct env *e = calloc(1, sizeof(*e));
-
-	assert_non_null(e);
-	assert_int_equal(pmem_new(&e->mem, NULL), 0);
-	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
-	e->ops = e->cache->ops;
-	e->root = e->ops->root(e->cache);
 	fwd_reset();
-	assert_int_equal(e->ops->watch_start(e->cache, on_forward, NULL), 0);
-	*state = e;
-	return 0;
+	return tc_setup_watch(state, on_forward, NULL);
 }
 
 static int teardown(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
 	if (e->hung) {
 		leak(e);
@@ -144,21 +129,11 @@ static int teardown(void **state)
 		leak(e->mem);
 		return 0;
 	}
-	sbx_sandbox_free(e->cache);
-	sbx_sandbox_free(e->mem);
-	free(e);
-	return 0;
-}
-
-/* Apply every change made so far (the exec barrier), then count afresh. */
-static void settle(struct env *e)
-{
-	assert_int_equal(e->ops->watch_sync(e->cache), 0);
-	pmem_calls_reset(e->mem);
+	return tc_teardown(state);
 }
 
 /* Inner calls that fetch metadata. */
-static unsigned long fetches(struct env *e)
+static unsigned long fetches(struct tc_env *e)
 {
 	return pmem_calls(e->mem, "getattr") + pmem_calls(e->mem, "lookup") +
 	       pmem_calls(e->mem, "bulk") + pmem_calls(e->mem, "readdir");
@@ -171,7 +146,7 @@ static void fill(char *buf, size_t len, int seed)
 }
 
 /* What the sandbox holds at path equals data[len]. */
-static bool holds(struct env *e, const char *path, const void *data,
+static bool holds(struct tc_env *e, const char *path, const void *data,
 		  size_t len)
 {
 	char *buf = malloc(len + 1);
@@ -184,74 +159,11 @@ static bool holds(struct env *e, const char *path, const void *data,
 	return ok;
 }
 
-/* ---- the daemon's sequences ---------------------------------------------- */
-
-/* unlink(2) of root/name: the kernel looks the name up first. */
-static int k_unlink(struct env *e, const char *name)
-{
-	struct sbx_node *n;
-	struct stat st;
-	int rc = e->ops->lookup(e->cache, e->root, name, &n, &st);
-
-	if (rc < 0)
-		return rc;
-	e->ops->forget(e->cache, n);
-	return e->ops->unlink(e->cache, e->root, name);
-}
-
-/* open(2) with O_CREAT of a name the kernel found missing. */
-static int k_create(struct env *e, const char *name, int flags,
-		    struct sbx_node **node, struct sbx_file **fh)
-{
-	struct sbx_open_result res;
-	struct stat st;
-	int rc = e->ops->lookup(e->cache, e->root, name, node, &st);
-
-	if (rc == 0)
-		return -EEXIST;
-	if (rc != -ENOENT)
-		return rc;
-	rc = e->ops->create(e->cache, e->root, name, 0644,
-			    O_CREAT | O_WRONLY | flags, node, &st, &res);
-	*fh = rc == 0 ? res.fh : NULL;
-	return rc;
-}
-
-/* open(2) of an existing file; O_TRUNC becomes a setattr (no
- * atomic_o_trunc), which the kernel sends with the new handle. */
-static int k_open(struct env *e, struct sbx_node *node, int flags,
-		  struct sbx_file **fh)
-{
-	struct sbx_open_result res;
-	struct stat in, out;
-	int rc = e->ops->open(e->cache, node, flags & ~O_TRUNC, &res);
-
-	*fh = NULL;
-	if (rc < 0)
-		return rc;
-	*fh = res.fh;
-	if (flags & O_TRUNC) {
-		memset(&in, 0, sizeof(in));
-		rc = e->ops->setattr(e->cache, node, *fh, &in, SBX_SET_SIZE,
-				     &out);
-	}
-	return rc;
-}
-
-/* close(2) of the last descriptor: FLUSH, then RELEASE. */
-static int k_close(struct env *e, struct sbx_file *fh)
-{
-	int rc = e->ops->flush(e->cache, fh);
-	int r = e->ops->release(e->cache, fh);
-
-	return rc < 0 ? rc : r;
-}
-
 /* ---- bounded sections ---------------------------------------------------- */
 
 /* A test body run in a worker thread; err[0] != 0 is a failure. */
 struct body {
-	struct env *e;
+	struct tc_env *e;
 	char err[512];
 	void *arg;
 	/* Bookkeeping of run_bounded. */
@@ -285,8 +197,8 @@ static void *body_main(void *arg)
  * Run fn in a worker for at most WATCHDOG_S seconds, then fail the test
  * with what it reported, or "hung" naming `what`.
  */
-static void run_bounded(struct env *e, void *(*fn)(struct body *b), void *arg,
-			const char *what)
+static void run_bounded(struct tc_env *e, void *(*fn)(struct body *b),
+			void *arg, const char *what)
 {
 	struct body *b = calloc(1, sizeof(*b));
 	struct timespec until;
@@ -344,13 +256,13 @@ static void on_global_alarm(int sig)
 
 static void test_lookup_getattr_cached(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n, *n2;
 	struct stat st;
 
 	assert_int_equal(pmem_ext_write(e->mem, "f", "hello", 5), 0);
 	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
-	settle(e);
+	tc_settle(e);
 
 	/* The first look into a directory walks it in one bulk call. */
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
@@ -372,13 +284,13 @@ static void test_lookup_getattr_cached(void **state)
 
 static void test_getattr_cached_without_prefetch(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	unsigned long f0;
 	struct stat st;
 
 	assert_int_equal(pmem_ext_write(e->mem, "f", "hello", 5), 0);
-	settle(e);
+	tc_settle(e);
 	/* No bulk walk: every name is fetched on its own, once. */
 	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
@@ -393,13 +305,13 @@ static void test_getattr_cached_without_prefetch(void **state)
 
 static void test_negative_entries(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	unsigned long f0;
 	struct stat st;
 	int i;
 
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "nope", &n, &st),
 			 -ENOENT);
@@ -422,12 +334,12 @@ static void test_negative_entries(void **state)
 
 static void test_complete_listing_answers_enoent(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct stat st;
 
 	assert_int_equal(pmem_ext_write(e->mem, "a", "", 0), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &n, &st), 0);
 	e->ops->forget(e->cache, n);
 	pmem_calls_reset(e->mem);
@@ -463,7 +375,7 @@ static bool listed(const struct names *l, const char *name)
 	return false;
 }
 
-static void list_root(struct env *e, struct names *l)
+static void list_root(struct tc_env *e, struct names *l)
 {
 	struct sbx_file *dh;
 
@@ -477,13 +389,13 @@ static void list_root(struct env *e, struct names *l)
 
 static void test_readdir_listing(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct names l;
 
 	assert_int_equal(pmem_ext_write(e->mem, "a", "1", 1), 0);
 	assert_int_equal(pmem_ext_write(e->mem, "b", "22", 2), 0);
 	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
-	settle(e);
+	tc_settle(e);
 
 	list_root(e, &l);
 	assert_int_equal(l.n, 5);
@@ -508,15 +420,15 @@ static void test_readdir_listing(void **state)
 
 static void test_write_flush_release(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	char data[4096];
 	struct stat st;
 
-	settle(e);
+	tc_settle(e);
 	fill(data, sizeof(data), 1);
-	assert_int_equal(k_create(e, "new", O_EXCL, &n, &fh), 0);
+	assert_int_equal(tc_create(e, "new", O_EXCL, &n, &fh), 0);
 	assert_int_equal(e->ops->write(e->cache, fh, data, 1000, 0), 1000);
 	assert_int_equal(e->ops->write(e->cache, fh, data + 1000,
 				       sizeof(data) - 1000, 1000),
@@ -532,41 +444,41 @@ static void test_write_flush_release(void **state)
 
 static void test_read_through_cache(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	struct stat st;
 	char buf[16];
 
 	assert_int_equal(pmem_ext_write(e->mem, "r", "content", 7), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "r", &n, &st), 0);
-	assert_int_equal(k_open(e, n, O_RDONLY, &fh), 0);
+	assert_int_equal(tc_open(e, n, O_RDONLY, &fh), 0);
 	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 7);
 	assert_memory_equal(buf, "content", 7);
-	assert_int_equal(k_close(e, fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
 	/* Small files came with the bulk walk: no read went out. */
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
 
 	/* Changed behind the mount: the cached content is not served. */
 	assert_int_equal(pmem_ext_write(e->mem, "r", "CHANGED!", 8), 0);
 	assert_int_equal(e->ops->watch_sync(e->cache), 0);
-	assert_int_equal(k_open(e, n, O_RDONLY, &fh), 0);
+	assert_int_equal(tc_open(e, n, O_RDONLY, &fh), 0);
 	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 8);
 	assert_memory_equal(buf, "CHANGED!", 8);
-	assert_int_equal(k_close(e, fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
 }
 
 static void test_rename_through_cache(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *a, *b;
 	struct sbx_file *fh;
 	struct stat sa, st;
 	char buf[8];
 
 	assert_int_equal(pmem_ext_write(e->mem, "a", "AAA", 3), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &a, &sa), 0);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &b, &st),
 			 -ENOENT);
@@ -579,10 +491,10 @@ static void test_rename_through_cache(void **state)
 			 -ENOENT);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &b, &st), 0);
 	assert_int_equal(st.st_ino, sa.st_ino);
-	assert_int_equal(k_open(e, b, O_RDONLY, &fh), 0);
+	assert_int_equal(tc_open(e, b, O_RDONLY, &fh), 0);
 	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 3);
 	assert_memory_equal(buf, "AAA", 3);
-	assert_int_equal(k_close(e, fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
 	/* Our own rename's events are expected, not treated as news. */
 	assert_int_equal(e->ops->watch_sync(e->cache), 0);
 	pmem_calls_reset(e->mem);
@@ -605,12 +517,12 @@ static void test_rename_through_cache(void **state)
 
 static void test_change_behind_mount_invalidates(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct stat st;
 
 	assert_int_equal(pmem_ext_write(e->mem, "f", "one", 3), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &n, &st), 0);
 	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
 	assert_int_equal(st.st_size, 3);
@@ -650,7 +562,7 @@ static void test_change_behind_mount_invalidates(void **state)
  * change happens and is applied, then the fetch finishes.
  */
 struct racer {
-	struct env *e;
+	struct tc_env *e;
 	struct sbx_node *n;
 	struct stat st;
 	int rc;
@@ -666,14 +578,14 @@ static void *race_getattr(void *arg)
 
 static void test_fetch_racing_change_not_kept(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct racer r = {.e = e};
 	struct stat st;
 	pthread_t t;
 	int parked;
 
 	assert_int_equal(pmem_ext_write(e->mem, "f", "old", 3), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &r.n, &st),
 			 0);
@@ -707,7 +619,7 @@ static void test_fetch_racing_change_not_kept(void **state)
  */
 static void *ring_loop_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 
 	for (int i = 0; i < 5; i++) {
 		struct sbx_node *a, *bn, *made;
@@ -715,17 +627,17 @@ static void *ring_loop_body(struct body *b)
 		struct stat st;
 		int rc;
 
-		rc = k_unlink(e, "a");
+		rc = tc_unlink(e, "a");
 		CHECK(b, rc == 0 || rc == -ENOENT, "round %d: unlink a: %d",
 		      i, rc);
-		rc = k_unlink(e, "b");
+		rc = tc_unlink(e, "b");
 		CHECK(b, rc == 0 || rc == -ENOENT, "round %d: unlink b: %d",
 		      i, rc);
-		rc = k_create(e, "a", O_EXCL, &a, &fh);
+		rc = tc_create(e, "a", O_EXCL, &a, &fh);
 		CHECK(b, rc == 0, "round %d: create a: %d", i, rc);
 		rc = e->ops->write(e->cache, fh, "x", 1, 0);
 		CHECK(b, rc == 1, "round %d: write a: %d", i, rc);
-		rc = k_close(e, fh);
+		rc = tc_close(e, fh);
 		CHECK(b, rc == 0, "round %d: close a: %d", i, rc);
 		rc = e->ops->lookup(e->cache, e->root, "b", &bn, &st);
 		CHECK(b, rc == -ENOENT, "round %d: lookup b: %d", i, rc);
@@ -735,9 +647,9 @@ static void *ring_loop_body(struct body *b)
 		      (unsigned long)st.st_nlink);
 		/* The daemon keeps a's node for the inode, forgets made. */
 		e->ops->forget(e->cache, made);
-		rc = k_unlink(e, "a");
+		rc = tc_unlink(e, "a");
 		CHECK(b, rc == 0, "round %d: unlink a: %d", i, rc);
-		rc = k_unlink(e, "b");
+		rc = tc_unlink(e, "b");
 		CHECK(b, rc == 0, "round %d: unlink b: %d", i, rc);
 		e->ops->forget(e->cache, a);
 	}
@@ -746,16 +658,16 @@ static void *ring_loop_body(struct body *b)
 
 static void test_hardlink_ring_loop(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, ring_loop_body, NULL,
 		    "5 rounds of create a, link a b, unlink a, unlink b");
 }
 
 static void *foreign_link_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *x;
 	struct stat st, in, out;
 	int rc;
@@ -785,10 +697,10 @@ static void *foreign_link_body(struct body *b)
 
 static void test_foreign_hardlink_setattr(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
 	assert_int_equal(pmem_ext_write(e->mem, "x", "data", 4), 0);
-	settle(e);
+	tc_settle(e);
 	/* The second name is made behind the mount, never seen here. */
 	assert_int_equal(pmem_ext_link(e->mem, "x", "hidden-name"), 0);
 	assert_int_equal(e->ops->watch_sync(e->cache), 0);
@@ -805,7 +717,7 @@ static void test_foreign_hardlink_setattr(void **state)
  */
 static void *push_failure_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	struct stat st;
@@ -813,7 +725,7 @@ static void *push_failure_body(struct body *b)
 	int rc, grc;
 
 	fill(data, sizeof(data), 3);
-	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	rc = tc_create(e, "f", O_EXCL, &n, &fh);
 	CHECK(b, rc == 0, "create: %d", rc);
 	rc = (int)e->ops->write(e->cache, fh, data, sizeof(data), 0);
 	CHECK(b, rc == (int)sizeof(data), "write: %d", rc);
@@ -836,9 +748,9 @@ static void *push_failure_body(struct body *b)
 
 static void test_push_failure_stays_with_file(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, push_failure_body, NULL, "push failure");
 }
 
@@ -850,16 +762,16 @@ static void test_push_failure_stays_with_file(void **state)
  */
 static void test_bounded_writeback(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	char data[4096];
 	struct stat st;
 	bool there = false;
 
-	settle(e);
+	tc_settle(e);
 	fill(data, sizeof(data), 4);
-	assert_int_equal(k_create(e, "log", O_EXCL, &n, &fh), 0);
+	assert_int_equal(tc_create(e, "log", O_EXCL, &n, &fh), 0);
 	assert_int_equal(e->ops->write(e->cache, fh, data, sizeof(data), 0),
 			 (ssize_t)sizeof(data));
 	for (int i = 0; i < 60 && !there; i++) {
@@ -869,7 +781,7 @@ static void test_bounded_writeback(void **state)
 			usleep(50 * 1000);
 	}
 	there = there && holds(e, "log", data, sizeof(data));
-	assert_int_equal(k_close(e, fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
 	if (!there)
 		fail_msg("4 KiB written to an open file did not reach the "
 			 "sandbox within 3 s without flush/fsync/release");
@@ -882,15 +794,15 @@ static void test_bounded_writeback(void **state)
  */
 static void *nlink_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *a, *made, *bn;
 	struct sbx_file *fh;
 	struct stat st;
 	int rc;
 
-	rc = k_create(e, "a", O_EXCL, &a, &fh);
+	rc = tc_create(e, "a", O_EXCL, &a, &fh);
 	CHECK(b, rc == 0, "create a: %d", rc);
-	rc = k_close(e, fh);
+	rc = tc_close(e, fh);
 	CHECK(b, rc == 0, "close a: %d", rc);
 	rc = e->ops->lookup(e->cache, e->root, "b", &bn, &st);
 	CHECK(b, rc == -ENOENT, "lookup b: %d", rc);
@@ -902,7 +814,7 @@ static void *nlink_body(struct body *b)
 	rc = e->ops->getattr(e->cache, a, NULL, &st);
 	CHECK(b, rc == 0 && st.st_nlink == 2, "getattr a: %d nlink %lu", rc,
 	      (unsigned long)st.st_nlink);
-	rc = k_unlink(e, "b");
+	rc = tc_unlink(e, "b");
 	CHECK(b, rc == 0, "unlink b: %d", rc);
 	rc = e->ops->getattr(e->cache, a, NULL, &st);
 	CHECK(b, rc == 0, "getattr a after unlink b: %d", rc);
@@ -915,29 +827,29 @@ static void *nlink_body(struct body *b)
 
 static void test_nlink_after_unlink(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, nlink_body, NULL, "link counts");
 }
 
 static void *nlink_open_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *a, *made;
 	struct sbx_file *fh;
 	struct stat st;
 	int rc;
 
-	rc = k_create(e, "a", O_EXCL, &a, &fh);
+	rc = tc_create(e, "a", O_EXCL, &a, &fh);
 	CHECK(b, rc == 0, "create a: %d", rc);
 	rc = e->ops->link(e->cache, a, e->root, "b", &made, &st);
 	CHECK(b, rc == 0 && st.st_nlink == 2, "link: %d nlink %lu", rc,
 	      (unsigned long)st.st_nlink);
 	e->ops->forget(e->cache, made);
-	rc = k_unlink(e, "a");
+	rc = tc_unlink(e, "a");
 	CHECK(b, rc == 0, "unlink a: %d", rc);
-	rc = k_unlink(e, "b");
+	rc = tc_unlink(e, "b");
 	CHECK(b, rc == 0, "unlink b: %d", rc);
 	rc = e->ops->getattr(e->cache, a, fh, &st);
 	CHECK(b, rc == 0, "fstat of the open file: %d", rc);
@@ -945,7 +857,7 @@ static void *nlink_open_body(struct body *b)
 	      "both names removed, fstat of the open file says nlink %lu, "
 	      "want 0",
 	      (unsigned long)st.st_nlink);
-	rc = k_close(e, fh);
+	rc = tc_close(e, fh);
 	CHECK(b, rc == 0, "close: %d", rc);
 	e->ops->forget(e->cache, a);
 	return NULL;
@@ -953,9 +865,9 @@ static void *nlink_open_body(struct body *b)
 
 static void test_nlink_open_file_all_names_gone(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, nlink_open_body, NULL, "link count of an open file");
 }
 
@@ -969,7 +881,7 @@ static void test_nlink_open_file_all_names_gone(void **state)
  */
 static void *rename_behind_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	char data[4096];
@@ -977,7 +889,7 @@ static void *rename_behind_body(struct body *b)
 	int rc;
 
 	fill(data, sizeof(data), 6);
-	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	rc = tc_create(e, "f", O_EXCL, &n, &fh);
 	CHECK(b, rc == 0, "create: %d", rc);
 	rc = (int)e->ops->write(e->cache, fh, data, sizeof(data), 0);
 	CHECK(b, rc == (int)sizeof(data), "write: %d", rc);
@@ -1001,9 +913,9 @@ static void *rename_behind_body(struct body *b)
 
 static void test_rename_behind_buffered_write(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, rename_behind_body, NULL,
 		    "buffered write, rename behind the mount, flush");
 }
@@ -1014,14 +926,14 @@ static void test_rename_behind_buffered_write(void **state)
  */
 static void *rename_open_body(struct body *b)
 {
-	struct env *e = b->e;
+	struct tc_env *e = b->e;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 	char data[4096];
 	int rc;
 
 	fill(data, sizeof(data), 7);
-	rc = k_create(e, "f", O_EXCL, &n, &fh);
+	rc = tc_create(e, "f", O_EXCL, &n, &fh);
 	CHECK(b, rc == 0, "create: %d", rc);
 	rc = (int)e->ops->write(e->cache, fh, data, 1024, 0);
 	CHECK(b, rc == 1024, "write: %d", rc);
@@ -1033,7 +945,7 @@ static void *rename_open_body(struct body *b)
 				sizeof(data) - 1024, 1024);
 	CHECK(b, rc == (int)sizeof(data) - 1024, "write after rename: %d",
 	      rc);
-	rc = k_close(e, fh);
+	rc = tc_close(e, fh);
 	CHECK(b, rc == 0, "close after a rename through the mount: %d", rc);
 	CHECK(b, holds(e, "g", data, sizeof(data)),
 	      "close returned 0 but g does not hold the data");
@@ -1042,9 +954,9 @@ static void *rename_open_body(struct body *b)
 
 static void test_rename_open_file_through_cache(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 
-	settle(e);
+	tc_settle(e);
 	run_bounded(e, rename_open_body, NULL,
 		    "write, rename through the mount, write, close");
 }
@@ -1068,7 +980,7 @@ struct stress_ctx {
 };
 
 struct stress {
-	struct env *e;
+	struct tc_env *e;
 	struct sbx_node *node;
 	char name[8];
 	struct stress_ctx *ctx;
@@ -1092,13 +1004,13 @@ static void stress_done(struct stress *s)
 static void *stress_writer(void *arg)
 {
 	struct stress *s = arg;
-	struct env *e = s->e;
+	struct tc_env *e = s->e;
 	char data[4096];
 
 	fill(data, sizeof(data), 9);
 	while (!stress_stopped(s)) {
 		struct sbx_file *fh;
-		int rc = k_open(e, s->node, O_WRONLY | O_TRUNC, &fh);
+		int rc = tc_open(e, s->node, O_WRONLY | O_TRUNC, &fh);
 
 		if (rc < 0) {
 			snprintf(s->err, sizeof(s->err), "open %s: %d",
@@ -1110,7 +1022,7 @@ static void *stress_writer(void *arg)
 		if (e->ops->write(e->cache, fh, data, sizeof(data), 0) !=
 		    (ssize_t)sizeof(data))
 			snprintf(s->err, sizeof(s->err), "write %s", s->name);
-		rc = k_close(e, fh);
+		rc = tc_close(e, fh);
 		if (rc < 0 && !s->err[0])
 			snprintf(s->err, sizeof(s->err), "close %s: %d",
 				 s->name, rc);
@@ -1123,7 +1035,7 @@ static void *stress_writer(void *arg)
 static void *stress_getattr(void *arg)
 {
 	struct stress *s = arg;
-	struct env *e = s->e;
+	struct tc_env *e = s->e;
 
 	while (!stress_stopped(s)) {
 		struct stat st;
@@ -1140,7 +1052,7 @@ static void *stress_getattr(void *arg)
 
 static void test_getattr_vs_release_uaf(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct stress_ctx *ctx = calloc(1, sizeof(*ctx));
 	struct stress *s = calloc(STRESS_FILES * 3, sizeof(*s));
 	pthread_t t[STRESS_FILES * 3];
@@ -1153,15 +1065,15 @@ static void test_getattr_vs_release_uaf(void **state)
 	pthread_mutex_init(&ctx->lock, NULL);
 	pthread_cond_init(&ctx->cond, NULL);
 	ctx->running = STRESS_FILES * 3;
-	settle(e);
+	tc_settle(e);
 	for (int f = 0; f < STRESS_FILES; f++) {
 		struct sbx_node *n;
 		struct sbx_file *fh;
 		char name[8];
 
 		snprintf(name, sizeof(name), "s%d", f);
-		assert_int_equal(k_create(e, name, O_EXCL, &n, &fh), 0);
-		assert_int_equal(k_close(e, fh), 0);
+		assert_int_equal(tc_create(e, name, O_EXCL, &n, &fh), 0);
+		assert_int_equal(tc_close(e, fh), 0);
 		for (int k = 0; k < 3; k++) {
 			struct stress *x = &s[f * 3 + k];
 

@@ -7,8 +7,8 @@
  *  - file contents up to 1 MiB come with the bulk walk;
  *  - a read-only open (no FLUSH: FOPEN_NOFLUSH) does not keep an unlink
  *    from waiting for its RELEASE.
- * Driven through the ops table as the FUSE daemon drives it (see
- * test_cache.c for the sequences).
+ * Driven through the ops table as the FUSE daemon drives it (the fixture
+ * and the sequences: test_cache_i.h).
  */
 #include "config.h"
 
@@ -31,50 +31,13 @@
 #include "../../fs/cache.h"
 #include "../../fs/cache_i.h"
 #include "../../providers/mem/pmem.h"
-
-struct env {
-	struct sbx_sandbox *mem;
-	struct sbx_sandbox *cache;
-	const struct sbx_sandbox_ops *ops;
-	struct sbx_node *root;
-};
-
-static void on_change(const struct sbx_change *c, void *payload)
-{
-	(void)c;
-	(void)payload;
-}
-
-static int setup(void **state)
-{
-	struct env *e = calloc(1, sizeof(*e));
-
-	assert_non_null(e);
-	assert_int_equal(pmem_new(&e->mem, NULL), 0);
-	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
-	e->ops = e->cache->ops;
-	e->root = e->ops->root(e->cache);
-	assert_int_equal(e->ops->watch_start(e->cache, on_change, NULL), 0);
-	*state = e;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct env *e = *state;
-
-	sbx_sandbox_free(e->cache);
-	sbx_sandbox_free(e->mem);
-	free(e);
-	return 0;
-}
+#include "test_cache_i.h"
 
 /* A file of len bytes at root/name, looked up and opened with flags. */
-static void make_open(struct env *e, const char *name, size_t len, int flags,
-		      struct sbx_node **node, struct sbx_file **fh)
+static void make_open(struct tc_env *e, const char *name, size_t len,
+		      int flags, struct sbx_node **node, struct sbx_file **fh)
 {
 	char *data = malloc(len ? len : 1);
-	struct sbx_open_result res;
 	struct stat st;
 
 	assert_non_null(data);
@@ -82,19 +45,16 @@ static void make_open(struct env *e, const char *name, size_t len, int flags,
 	assert_int_equal(pmem_ext_write(e->mem, name, data, len), 0);
 	free(data);
 	/* The change reaches the cache before the lookup; count afresh. */
-	assert_int_equal(e->ops->watch_sync(e->cache), 0);
-	pmem_calls_reset(e->mem);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, name, node, &st),
 			 0);
-	assert_int_equal(e->ops->open(e->cache, *node, flags, &res), 0);
-	*fh = res.fh;
+	assert_int_equal(tc_open(e, *node, flags, fh), 0);
 }
 
-static void close_file(struct env *e, struct sbx_node *node,
+static void close_file(struct tc_env *e, struct sbx_node *node,
 		       struct sbx_file *fh)
 {
-	assert_int_equal(e->ops->flush(e->cache, fh), 0);
-	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
 	e->ops->forget(e->cache, node);
 }
 
@@ -102,7 +62,7 @@ static void close_file(struct env *e, struct sbx_node *node,
 
 static void test_seek_data_hole_local(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
@@ -140,7 +100,7 @@ static void test_seek_data_hole_local(void **state)
 /* Buffered writes: the size is not settled; push and ask, as before. */
 static void test_seek_buffered_asks(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
@@ -157,7 +117,7 @@ static void test_seek_buffered_asks(void **state)
 
 static void test_statfs_reused(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct cache *c = CACHE(e->cache);
 	struct statvfs a, b;
 
@@ -180,7 +140,7 @@ static void test_statfs_reused(void **state)
 /* A failed statfs is not kept. */
 static void test_statfs_error_not_kept(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct statvfs a;
 
 	pmem_calls_reset(e->mem);
@@ -196,7 +156,7 @@ static void test_statfs_error_not_kept(void **state)
 /* A file of up to 1 MiB comes with the bulk walk: its read costs nothing. */
 static void test_prefetch_1mib(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	char buf[4096];
 	struct sbx_node *n;
 	struct sbx_file *fh;
@@ -213,7 +173,7 @@ static void test_prefetch_1mib(void **state)
 /* ---- read-only opens get no FLUSH ------------------------------------------- */
 
 struct late_release {
-	struct env *e;
+	struct tc_env *e;
 	struct sbx_file *fh;
 };
 
@@ -233,7 +193,7 @@ static void *release_later(void *arg)
  */
 static void test_reader_close_then_unlink(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct late_release l = {e, NULL};
 	struct sbx_node *n, *n2;
 	struct stat st;
@@ -255,17 +215,17 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_seek_data_hole_local,
-						setup, teardown),
-		cmocka_unit_test_setup_teardown(test_seek_buffered_asks, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_statfs_reused, setup,
-						teardown),
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_seek_buffered_asks,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_statfs_reused, tc_setup,
+						tc_teardown),
 		cmocka_unit_test_setup_teardown(test_statfs_error_not_kept,
-						setup, teardown),
-		cmocka_unit_test_setup_teardown(test_prefetch_1mib, setup,
-						teardown),
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_prefetch_1mib, tc_setup,
+						tc_teardown),
 		cmocka_unit_test_setup_teardown(test_reader_close_then_unlink,
-						setup, teardown),
+						tc_setup, tc_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
