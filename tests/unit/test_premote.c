@@ -756,6 +756,51 @@ static void add_frame(struct sbx_buf *b, const struct sbx_bulk_frame *f,
 	cJSON_Delete(hdr);
 }
 
+/* A DIR frame for `path` listing n entries (names[i] with sts[i]). */
+static void add_dir_frame(struct sbx_buf *b, const char *path,
+			  const struct stat *st, size_t n,
+			  const char *const *names, const struct stat *sts)
+{
+	struct sbx_bulk_frame f;
+	cJSON *ents = cJSON_CreateArray();
+
+	assert_non_null(ents);
+	for (size_t i = 0; i < n; i++)
+		cJSON_AddItemToArray(ents,
+				     sbx_proto_entry_encode(names[i], &sts[i]));
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR;
+	f.path = path;
+	f.st = *st;
+	f.entries = ents;
+	add_frame(b, &f, NULL, 0);
+	cJSON_Delete(ents);
+}
+
+/* The DIR_ERROR frame of an unreadable directory: EACCES. */
+static void add_eacces_frame(struct sbx_buf *b, const char *path)
+{
+	struct sbx_bulk_frame f;
+
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_DIR_ERROR;
+	f.path = path;
+	f.error = -EACCES;
+	f.message = "list locked: Permission denied";
+	add_frame(b, &f, NULL, 0);
+}
+
+/* The END frame, with the watch sequence number the walk started at. */
+static void add_end_frame(struct sbx_buf *b, uint64_t watch_seq)
+{
+	struct sbx_bulk_frame f;
+
+	memset(&f, 0, sizeof(f));
+	f.kind = SBX_BULK_FRAME_END;
+	f.watch_seq = watch_seq;
+	add_frame(b, &f, NULL, 0);
+}
+
 /* An HTTP answer carrying `body` (frames), malloc'd; *len its length. */
 static char *frames_answer(struct sbx_buf *body, size_t *len)
 {
@@ -788,13 +833,15 @@ static void test_bulk_walk_past_unreadable_dir(void **state)
 	struct stat locked = mkst(S_IFDIR | 0000, 2, 0);
 	struct stat z = mkst(S_IFDIR | 0755, 3, 0);
 	struct stat zf = mkst(S_IFREG | 0644, 4, 3);
+	static const char *const root_names[] = { "locked", "z" };
+	static const char *const z_names[] = { "f" };
+	const struct stat root_sts[] = { locked, z };
 	struct sbx_bulk_opts o = { 0, 0, -1 };
 	struct sbx_bulk_frame f;
 	struct sbx_buf walk, start;
 	struct canned table[3];
 	struct fake fk;
 	struct walk w;
-	cJSON *ents;
 	char *a1, *a2;
 	size_t l1, l2;
 	struct sbx_sandbox *sb;
@@ -802,50 +849,18 @@ static void test_bulk_walk_past_unreadable_dir(void **state)
 	sbx_buf_init(&walk, SIZE_MAX);
 	sbx_buf_init(&start, SIZE_MAX);
 	/* The whole tree: "", "locked" (unreadable), "z", "z/f". */
-	ents = cJSON_CreateArray();
-	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("locked", &locked));
-	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("z", &z));
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_DIR;
-	f.path = "";
-	f.st = root;
-	f.entries = ents;
-	add_frame(&walk, &f, NULL, 0);
-	cJSON_Delete(ents);
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_DIR_ERROR;
-	f.path = "locked";
-	f.error = -EACCES;
-	f.message = "list locked: Permission denied";
-	add_frame(&walk, &f, NULL, 0);
-	ents = cJSON_CreateArray();
-	cJSON_AddItemToArray(ents, sbx_proto_entry_encode("f", &zf));
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_DIR;
-	f.path = "z";
-	f.st = z;
-	f.entries = ents;
-	add_frame(&walk, &f, NULL, 0);
-	cJSON_Delete(ents);
+	add_dir_frame(&walk, "", &root, 2, root_names, root_sts);
+	add_eacces_frame(&walk, "locked");
+	add_dir_frame(&walk, "z", &z, 1, z_names, &zf);
 	memset(&f, 0, sizeof(f));
 	f.kind = SBX_BULK_FRAME_FILE;
 	f.path = "z/f";
 	f.st = zf;
 	add_frame(&walk, &f, "abc", 3);
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_END;
-	f.watch_seq = 7;
-	add_frame(&walk, &f, NULL, 0);
+	add_end_frame(&walk, 7);
 	/* A walk from "locked" itself: its error, then the end. */
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_DIR_ERROR;
-	f.path = "locked";
-	f.error = -EACCES;
-	f.message = "list locked: Permission denied";
-	add_frame(&start, &f, NULL, 0);
-	memset(&f, 0, sizeof(f));
-	f.kind = SBX_BULK_FRAME_END;
-	add_frame(&start, &f, NULL, 0);
+	add_eacces_frame(&start, "locked");
+	add_end_frame(&start, 0);
 
 	a1 = frames_answer(&walk, &l1);
 	a2 = frames_answer(&start, &l2);
