@@ -86,8 +86,7 @@ class Side:
                                or getattr(self, "head_req", False))
                 te = hdrs.get("transfer-encoding", "").lower()
                 if no_body:
-                    self.state = "head"
-                    on_done(self.head, self.body, self.nbytes)
+                    self._done(on_done)
                     continue
                 if "chunked" in te:
                     self.state = "chunk-size"
@@ -95,22 +94,21 @@ class Side:
                     self.remaining = int(hdrs["content-length"])
                     self.state = "body"
                     if self.remaining == 0:
-                        self.state = "head"
-                        on_done(self.head, self.body, self.nbytes)
+                        self._done(on_done)
                 elif self.is_request or method:
-                    self.state = "head"
-                    on_done(self.head, self.body, self.nbytes)
+                    self._done(on_done)
                 else:
                     self.state = "until-close"
-            elif self.state == "body":
+            elif self.state in ("body", "chunk"):
                 n = min(self.remaining, len(self.buf))
                 if n == 0:
                     return
                 self._take(n)
                 self.remaining -= n
-                if self.remaining == 0:
-                    self.state = "head"
-                    on_done(self.head, self.body, self.nbytes)
+                if self.remaining == 0 and self.state == "body":
+                    self._done(on_done)
+                elif self.remaining == 0:
+                    self.state = "chunk-crlf"
             elif self.state == "chunk-size":
                 i = self.buf.find(b"\r\n")
                 if i < 0:
@@ -123,14 +121,6 @@ class Side:
                 else:
                     self.remaining = size
                     self.state = "chunk"
-            elif self.state == "chunk":
-                n = min(self.remaining, len(self.buf))
-                if n == 0:
-                    return
-                self._take(n)
-                self.remaining -= n
-                if self.remaining == 0:
-                    self.state = "chunk-crlf"
             elif self.state == "chunk-crlf":
                 if len(self.buf) < 2:
                     return
@@ -144,12 +134,16 @@ class Side:
                 del self.buf[:i + 2]
                 self.nbytes += i + 2
                 if i == 0:
-                    self.state = "head"
-                    on_done(self.head, self.body, self.nbytes)
+                    self._done(on_done)
             elif self.state == "until-close":
                 self.nbytes += len(self.buf)
                 self.buf.clear()
                 return
+
+    def _done(self, on_done):
+        """A whole message: report it, then expect the next head."""
+        self.state = "head"
+        on_done(self.head, self.body, self.nbytes)
 
     def _take(self, n):
         if len(self.body) < KEEP_BODY:
@@ -165,7 +159,10 @@ class Proxy:
         self.nconn = 0
         self.outstanding = 0
 
-    def write(self, rec):
+    def finish(self, rec):
+        """Log a request whose answer ended (or whose connection closed)."""
+        if not rec["stream"]:
+            self.outstanding -= 1
         self.log.write(json.dumps(rec) + "\n")
         self.log.flush()
 
@@ -222,9 +219,7 @@ class Proxy:
             rec["t1"] = time.monotonic()
             rec["status"] = int(head[0].split(" ")[1])
             rec["resp_bytes"] = n
-            if not rec["stream"]:
-                self.outstanding -= 1
-            self.write(rec)
+            self.finish(rec)
 
         async def pump(src, dst, side, on_head, on_done):
             try:
@@ -251,9 +246,7 @@ class Proxy:
             pump(creader, swriter, req, req_head, req_done),
             pump(sreader, cwriter, resp, resp_head, resp_done))
         for rec in pending:
-            if not rec["stream"]:
-                self.outstanding -= 1
-            self.write(rec)
+            self.finish(rec)
         for w in (cwriter, swriter):
             try:
                 w.close()
