@@ -13,30 +13,19 @@
 # Goals (issue 3): overhead <= 5 ms per command, throughput >= 0.5x local.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$here/build}" && pwd)
-sbx=$build/cli/sbx
-shim=$build/shim/sbx-exec
+BENCH=exec.sh
+. "$(dirname "$0")/common.sh"
+bench_build "${1:-}" SBX SHIM
 runs=${RUNS:-200}
 size_mb=${SIZE_MB:-1024}
-[[ -x $sbx && -x $shim ]] || { echo "build first: ninja -C $build" >&2; exit 2; }
 
-tmp=$(mktemp -d /tmp/sbx-bench-exec.XXXXXX)
-export SBX_HOME=$tmp/state SBX_MOUNT_ROOT=$tmp/mnt HOME=$tmp/home
-export SBX_CONFIG=$tmp/config.json
-echo '{}' > "$SBX_CONFIG"
-mkdir -p "$HOME"
-cleanup() {
-	"$sbx" down bench --force >/dev/null 2>&1 || true
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-git init -q -b main "$tmp/repo"
-echo bench > "$tmp/repo/README"
-git -C "$tmp/repo" add -A
-git -C "$tmp/repo" -c user.name=b -c user.email=b@b commit -qm init
-mnt=$("$sbx" up bench --repo "$tmp/repo" | tail -n1)
+bench_workdir sbx-bench-exec /tmp
+sbxmnt=""
+git init -q -b main "$work/repo"
+echo bench > "$work/repo/README"
+git -C "$work/repo" add -A
+git -C "$work/repo" -c user.name=b -c user.email=b@b commit -qm init
+sbxmnt=$("$SBX" up bench --repo "$work/repo" | tail -n1)
 wt=$SBX_HOME/worktrees/bench
 
 # Median of $runs timings (ms) of "$@", measured by python around each
@@ -64,15 +53,15 @@ secs() { # wall seconds of "$@" with stdout to /dev/null
 	echo "scale=3; ($e - $s) / 1000000000" | bc
 }
 
-cd "$mnt"
+cd "$sbxmnt"
 lat_local=$(median_ms /bin/true)
-lat_shim=$(median_ms "$shim" true)
+lat_shim=$(median_ms "$SHIM" true)
 
 head -c $((size_mb * 1024 * 1024)) /dev/zero > "$wt/big"
 cat "$wt/big" > /dev/null # warm the page cache
 t_local=$(secs cat "$wt/big")
-t_shim=$(secs "$shim" cat big)
-t_framed=$(SBX_EXEC_FRAMED=1 secs "$shim" cat big)
+t_shim=$(secs "$SHIM" cat big)
+t_framed=$(SBX_EXEC_FRAMED=1 secs "$SHIM" cat big)
 
 mbps() { echo "scale=0; $size_mb / $1" | bc; }
 ratio() { echo "scale=2; $1 / $2" | bc; }

@@ -26,41 +26,24 @@
 # /usr/include).  Needs root: dropping caches and bindfs.
 set -euo pipefail
 
-top=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=local.sh
+. "$(dirname "$0")/common.sh"
 SBX=${SBX:-$top/build/cli/sbx}
 RUNS=${RUNS:-5}
 SEQ_RUNS=${SEQ_RUNS:-3}
 SRC=${SRC:-/usr/include}
 
-die() { echo "bench/local.sh: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (dropping caches, bindfs mounts)"
 [ -x "$SBX" ] || die "$SBX not found: build first (meson setup build && ninja -C build)"
 command -v bindfs >/dev/null || die "bindfs missing: apt install bindfs"
 command -v git >/dev/null || die "git missing: apt install git"
 
-work=$(mktemp -d "${WORKDIR:-/var/tmp}/sbx-bench.XXXXXX")
-export SBX_HOME=$work/state SBX_MOUNT_ROOT=$work/mnt SBX_CONFIG=$work/config.json
+bench_workdir sbx-bench
 echo "{\"provider\": \"local\"}" >"$SBX_CONFIG"
 repo=$work/repo
 bindmnt=$work/bindfs
 wt=$SBX_HOME/worktrees/bench
 sbxmnt=""
-
-cleanup() {
-	set +e
-	[ -n "$sbxmnt" ] && "$SBX" down bench --force >/dev/null 2>&1
-	mountpoint -q "$bindmnt" 2>/dev/null && fusermount3 -u -z "$bindmnt"
-	grep -F " $work/" /proc/self/mountinfo | awk '{print $5}' |
-		while read -r m; do fusermount3 -u -z "$m" 2>/dev/null ||
-			umount -l "$m"; done
-	if [ "${KEEP:-0}" = 1 ]; then
-		echo "kept $work"
-	else
-		rm -rf "$work"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 can_drop=1
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }

@@ -88,7 +88,9 @@
 # are those of issue 15 where it set one; untar and git checkout get theirs
 # ("5x faster than today") when UNTAR_BASE / CHECKOUT_BASE give today's sbx
 # seconds.  Which requests each workload sends to the agent:
-# bench/roundtrips.sh.
+# bench/roundtrips.sh.  The setup it shares with the other scripts (agent,
+# latency proxy, tree, cold mounts, cleanup): bench/common.sh; the
+# generated trees: bench/gentree.py.
 #
 # Environment: RUNS (default 3), COLD_RUNS (default 3), SAVES (default 10),
 # EXEC_RUNS (default 20), DELAY_MS (one-way delay, default 10 = 20 ms RTT),
@@ -104,13 +106,8 @@
 # installs openssh-server and sshfs with apt-get if they are missing.
 set -euo pipefail
 
-top=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$top/build}" 2>/dev/null && pwd) ||
-	{ echo "bench/remote.sh: no build directory ${1:-$top/build}" >&2; exit 2; }
-SBX=$build/cli/sbx
-SHIM=$build/shim/sbx-exec
-AGENT=$build/agent/sbx-agent
-PY=/usr/bin/python3
+BENCH=remote.sh
+. "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-3}
 COLD_RUNS=${COLD_RUNS:-3}
 SAVES=${SAVES:-10}
@@ -133,16 +130,14 @@ SCALE_SIZES=${SCALE_SIZES:-4000 20000 80000}
 SCALE_KB=${SCALE_KB:-13}
 SCALE_SSHFS_MAX=${SCALE_SSHFS_MAX:-4000}
 
-die() { echo "bench/remote.sh: $*" >&2; exit 1; }
-note() { echo "bench/remote.sh: $*" >&2; }
+if [ "$SKIP_SBX" != 1 ]; then
+	bench_build "${1:-}" SBX SHIM AGENT
+else
+	bench_build "${1:-}"
+fi
 [ "$(id -u)" -eq 0 ] || die "run as root (dropping caches, a private sshd)"
 [ -d "$SRC" ] || die "$SRC missing (apt install linux-libc-dev)"
 command -v git >/dev/null || die "git missing: apt install git"
-if [ "$SKIP_SBX" != 1 ]; then
-	for b in "$SBX" "$SHIM" "$AGENT"; do
-		[ -x "$b" ] || die "$b not built: meson setup build && ninja -C build (or SKIP_SBX=1)"
-	done
-fi
 if [ "$SKIP_SSHFS" != 1 ]; then
 	need=()
 	[ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -155,98 +150,27 @@ if [ "$SKIP_SSHFS" != 1 ]; then
 	fi
 fi
 
-work=$(mktemp -d "${WORKDIR:-/var/tmp}/sbx-bench-remote.XXXXXX")
-chmod 755 "$work"
+bench_workdir sbx-bench-remote
 tree=$work/tree
 sbxmnt="" sshfsmnt=$work/sshfs
-pids=()          # background processes we started (agent, proxies, sshd)
 ctl=$work/ssh-ctl
-
-export SBX_HOME=$work/state SBX_MOUNT_ROOT=$work/mnt SBX_CONFIG=$work/config.json
-export HOME=$work/home
-mkdir -p "$HOME" "$SBX_MOUNT_ROOT"
-echo '{}' >"$SBX_CONFIG"
-
-cleanup() {
-	set +e
-	[ -n "$sbxmnt" ] && "$SBX" down bench --force >/dev/null 2>&1
+# the ssh ControlMaster; bench_cleanup unmounts sshfs and stops the rest
+bench_cleanup_more() {
 	[ -S "$ctl" ] && ssh -o ControlPath="$ctl" -O exit bench >/dev/null 2>&1
-	mountpoint -q "$sshfsmnt" 2>/dev/null && fusermount3 -u -z "$sshfsmnt"
-	grep -F " $work/" /proc/self/mountinfo | awk '{print $5}' |
-		while read -r m; do fusermount3 -u -z "$m" 2>/dev/null ||
-			umount -l "$m"; done
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-	sleep 0.2
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	if [ "${KEEP:-0}" = 1 ]; then
-		echo "kept $work" >&2
-	else
-		rm -rf "$work"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start_proxy TARGET_PORT: a latency proxy in the background; sets
-# $proxy_port (not a $(...) call: the pid must be recorded in this shell)
-start_proxy() {
-	local out=$work/proxy.$1.port
-	(cd "$top/tests/integration" && exec "$PY" -m testenv.latency_proxy \
-		--listen 127.0.0.1:0 --target "127.0.0.1:$1" \
-		--delay-ms "$DELAY_MS" >"$out" 2>"$work/proxy.$1.log") &
-	pids+=($!)
-	for _ in $(seq 100); do
-		if [ -s "$out" ]; then
-			proxy_port=$(head -n1 "$out")
-			return
-		fi
-		sleep 0.05
-	done
-	die "latency proxy did not start: $(cat "$work/proxy.$1.log")"
-}
-
-free_port() {
-	"$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # -- the tree ----------------------------------------------------------------------
-note "preparing: $SRC -> git repository in $tree ..."
-mkdir -p "$tree/blob"
-cp -a "$SRC" "$tree/linux"
-printf 'blob/\n' >"$tree/.gitignore"
-git -C "$tree" init -q -b main
-git -C "$tree" config core.checkStat minimal
-git -C "$tree" config core.trustctime false
-git -C "$tree" add -A
-git -C "$tree" -c user.name=bench -c user.email=bench@sbx.invalid \
-	commit -q -m "bench tree"
-git -C "$tree" status --porcelain >/dev/null
-if [ "$SKIP_FS" != 1 ] && [ "$SKIP_BIG" != 1 ]; then
-	dd if=/dev/urandom of="$tree/blob/big.bin" bs=1M count=256 status=none
-fi
+big=256
+[ "$SKIP_FS" != 1 ] && [ "$SKIP_BIG" != 1 ] || big=0
+make_linux_tree "$tree" "$big"
 nfiles=$(find "$tree/linux" -type f | wc -l)
 ndirs=$(find "$tree/linux" -type d | wc -l)
-sync
 
 # -- sbx: agent + proxy + sbx up ------------------------------------------------------
 if [ "$SKIP_SBX" != 1 ]; then
-	head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/agent.token"
-	chmod 600 "$work/agent.token"
-	aport=$(free_port)
-	"$AGENT" serve --root "$tree" --listen "127.0.0.1:$aport" \
-		--token-file "$work/agent.token" >"$work/agent.log" 2>&1 &
-	pids+=($!)
-	for _ in $(seq 200); do
-		curl -fsS "http://127.0.0.1:$aport/v1/health" >/dev/null 2>&1 && break
-		sleep 0.05
-	done
-	curl -fsS "http://127.0.0.1:$aport/v1/health" >/dev/null ||
-		die "sbx-agent did not start: $(cat "$work/agent.log")"
-	start_proxy "$aport"
-	sbxport=$proxy_port
-	sbxmnt=$("$SBX" up bench --provider remote --no-repo \
-		--url "http://127.0.0.1:$sbxport" \
-		--token-file "$work/agent.token" | tail -n1) ||
+	start_agent "$tree" agent
+	start_proxy "$agent_port"
+	sbxmnt=$(bench_up_remote bench "$proxy_port") ||
 		die "sbx up failed: $(cat "$SBX_HOME/logs/bench.log" 2>/dev/null)"
 	[ -f "$sbxmnt/linux/kernel.h" ] || die "$sbxmnt does not show the tree"
 fi
@@ -312,27 +236,7 @@ fi
 seedtree=$work/seed seedroot=$work/seed-root seedurl=""
 if [ "$SKIP_REPO" != 1 ]; then
 	note "preparing: $SEED_FILES files of $SEED_KB KiB in $seedtree ..."
-	"$PY" - "$seedtree" "$SEED_FILES" "$SEED_KB" <<'PY'
-import os, sys
-out, n, kb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-text = []
-for d, _, fs in os.walk("/usr/include"):
-    for f in sorted(fs):
-        try:
-            text.append(open(os.path.join(d, f), "rb").read())
-        except OSError:
-            pass
-        if sum(map(len, text)) > 64 << 20:
-            break
-blob = b"".join(text)
-size = kb * 1024
-for i in range(n):
-    p = os.path.join(out, f"d{i // 100:03d}", f"f{i:05d}.c")
-    os.makedirs(os.path.dirname(p), exist_ok=True)
-    start = (i * 7919 * 1024) % (len(blob) - size)
-    head = f"/* file {i} */\n".encode()
-    open(p, "wb").write(head + blob[start:start + size - len(head)])
-PY
+	"$PY" "$top/bench/gentree.py" seed "$seedtree" "$SEED_FILES" "$SEED_KB"
 	git -C "$seedtree" init -q -b main
 	git -C "$seedtree" add -A
 	git -C "$seedtree" -c user.name=bench -c user.email=bench@sbx.invalid \
@@ -340,15 +244,8 @@ PY
 	git -C "$seedtree" gc -q
 	mkdir -p "$seedroot"
 	if [ "$SKIP_SBX" != 1 ]; then
-		sport2=$(free_port)
-		"$AGENT" serve --root "$seedroot" --listen "127.0.0.1:$sport2" \
-			--token-file "$work/agent.token" >"$work/agent-seed.log" 2>&1 &
-		pids+=($!)
-		for _ in $(seq 200); do
-			curl -fsS "http://127.0.0.1:$sport2/v1/health" >/dev/null 2>&1 && break
-			sleep 0.05
-		done
-		start_proxy "$sport2"
+		start_agent "$seedroot" agent-seed
+		start_proxy "$agent_port"
 		seedurl=http://127.0.0.1:$proxy_port
 	fi
 fi
@@ -357,15 +254,7 @@ fi
 cat >"$work/cold-native.sh" <<EOF
 sync; echo 3 >/proc/sys/vm/drop_caches
 EOF
-cat >"$work/cold-sbx.sh" <<EOF
-set -e
-"$SBX" umount bench >/dev/null
-rm -rf "$SBX_HOME/cache/bench"
-sync; echo 3 >/proc/sys/vm/drop_caches
-"$SBX" mount bench >/dev/null
-for i in \$(seq 200); do mountpoint -q "$sbxmnt" && break; sleep 0.05; done
-mountpoint -q "$sbxmnt"
-EOF
+cold_sbx_script "$work/cold-sbx.sh" bench "$sbxmnt"
 cat >"$work/cold-sshfs.sh" <<EOF
 set -e
 fusermount3 -u "$sshfsmnt"
@@ -427,6 +316,15 @@ res = {}   # row -> view -> seconds
 extra = {}
 
 
+def record(row, view, ts):
+    """The median of the runs `ts` is the row's figure for `view`."""
+    med = statistics.median(ts)
+    res.setdefault(row, {})[view] = med
+    print(f"  {row:18} {view:7} {med:8.3f} s   (runs: "
+          f"{', '.join(f'{t:.3f}' for t in ts)})", file=sys.stderr,
+          flush=True)
+
+
 def measure(row, view, cmd, is_cold, runs=None, cwd=None):
     n = runs or (COLD if is_cold else RUNS)
     ts = []
@@ -436,11 +334,7 @@ def measure(row, view, cmd, is_cold, runs=None, cwd=None):
         if is_cold:
             cold(view)
         ts.append(timed(cmd, cwd))
-    med = statistics.median(ts)
-    res.setdefault(row, {})[view] = med
-    print(f"  {row:18} {view:7} {med:8.3f} s   (runs: "
-          f"{', '.join(f'{t:.3f}' for t in ts)})", file=sys.stderr,
-          flush=True)
+    record(row, view, ts)
 
 
 if E["SKIP_FS"] != "1":
@@ -546,12 +440,8 @@ if E["SKIP_FS"] != "1":
             cts.append(timed_fn(create))
             uts.append(timed_fn(lambda: [os.unlink(p) for p in names]))
             os.rmdir(sd)
-        for row, ts in ((f"create {SMALL} files", cts),
-                        (f"unlink {SMALL} files", uts)):
-            res.setdefault(row, {})[view] = statistics.median(ts)
-            print(f"  {row:18} {view:7} {statistics.median(ts):8.3f} s   "
-                  f"(runs: {', '.join(f'{t:.3f}' for t in ts)})",
-                  file=sys.stderr, flush=True)
+        record(f"create {SMALL} files", view, cts)
+        record(f"unlink {SMALL} files", view, uts)
 
 if E["SKIP_FS"] != "1" and E["SKIP_BIG"] != "1":
     # untar of UNTAR_FILES files from /usr/include (made here, natively)
@@ -576,11 +466,7 @@ if E["SKIP_FS"] != "1" and E["SKIP_BIG"] != "1":
             dest = os.path.join(d, f"bench-untar-{i}")
             os.mkdir(dest)
             ts.append(timed(["tar", "-C", dest, "-xf", tarball]))
-        res.setdefault(f"untar {UNTAR} files", {})[view] = \
-            statistics.median(ts)
-        print(f"  {'untar':18} {view:7} {statistics.median(ts):8.3f} s   "
-              f"(runs: {', '.join(f'{t:.3f}' for t in ts)})",
-              file=sys.stderr, flush=True)
+        record(f"untar {UNTAR} files", view, ts)
         sh(f"rm -rf {tree}/bench-untar-*")   # natively: not measured
 
     # sequential write of WRITE_MB, fsync'd, then removed natively
@@ -591,10 +477,7 @@ if E["SKIP_FS"] != "1" and E["SKIP_BIG"] != "1":
             ts.append(timed(["dd", "if=/dev/zero", f"of={d}/blob/w.bin",
                              "bs=1M", f"count={WRITE_MB}", "conv=fsync"]))
             sh(f"rm -f {tree}/blob/w.bin")
-        res.setdefault(row, {})[view] = statistics.median(ts)
-        print(f"  {row:18} {view:7} {statistics.median(ts):8.3f} s   "
-              f"(runs: {', '.join(f'{t:.3f}' for t in ts)})",
-              file=sys.stderr, flush=True)
+        record(row, view, ts)
 
     # git checkout of a branch touching CHECKOUT_FILES files: the files
     # (co/) and the branch are made natively now, after every other row
@@ -625,11 +508,7 @@ if E["SKIP_FS"] != "1" and E["SKIP_BIG"] != "1":
             subprocess.run(gn + ["checkout", "-q", "main"], check=True)
             subprocess.run(g + ["status", "--porcelain"],
                            stdout=subprocess.DEVNULL)
-        row = f"git checkout {CHECKOUT}"
-        res.setdefault(row, {})[view] = statistics.median(ts)
-        print(f"  {row:18} {view:7} {statistics.median(ts):8.3f} s   "
-              f"(runs: {', '.join(f'{t:.3f}' for t in ts)})",
-              file=sys.stderr, flush=True)
+        record(f"git checkout {CHECKOUT}", view, ts)
     subprocess.run(["git", "-C", tree, "checkout", "-qf", "main"])
 
 
@@ -835,68 +714,25 @@ if [ "$SKIP_SCALE" != 1 ] && [ "$SKIP_FS" != 1 ]; then
 	for n in $SCALE_SIZES; do
 		sdir=$work/scale-$n
 		note "scale: generating $n files (~$SCALE_KB KiB each) in $sdir ..."
-		"$PY" - "$sdir" "$n" "$SCALE_KB" <<'PY'
-import os, sys
-out, n, kb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-text = []
-for d, _, fs in os.walk("/usr/include"):
-    for f in sorted(fs):
-        try:
-            text.append(open(os.path.join(d, f), "rb").read())
-        except OSError:
-            pass
-    if sum(map(len, text)) > 64 << 20:
-        break
-blob = b"".join(text)
-# A kernel-like shape: 100 files a directory, 20 directories a group;
-# sizes from kb/4 to 7kb/4 (mean kb), each file different.
-for i in range(n):
-    p = os.path.join(out, f"g{i // 2000:03d}", f"d{(i // 100) % 20:02d}",
-                     f"f{i:06d}.c")
-    if i % 100 == 0:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-    size = kb * 1024 // 4 + (i * 7919) % (kb * 1024 * 3 // 2)
-    start = (i * 104729) % (len(blob) - size)
-    head = f"/* file {i} */\n".encode()
-    with open(p, "wb") as f:
-        f.write(head + blob[start:start + size - len(head)])
-PY
+		"$PY" "$top/bench/gentree.py" scale "$sdir" "$n" "$SCALE_KB"
 		mb=$(du -sm "$sdir" | cut -f1)
 		t_native=$(dropcaches; ms_of grep -r "$absent" "$sdir")
 		t_sbx=n/a hwm=n/a t_sshfs=n/a
 		if [ "$SKIP_SBX" != 1 ]; then
-			port=$(free_port)
-			"$AGENT" serve --root "$sdir" --listen "127.0.0.1:$port" \
-				--token-file "$work/agent.token" \
-				>"$work/agent-scale.log" 2>&1 &
-			pids+=($!)
-			apid=$!
-			for _ in $(seq 200); do
-				curl -fsS "http://127.0.0.1:$port/v1/health" \
-					>/dev/null 2>&1 && break
-				sleep 0.05
-			done
-			start_proxy "$port"
-			ppid_=${pids[-1]}
-			smnt=$("$SBX" up "scale$n" --provider remote --no-repo \
-				--url "http://127.0.0.1:$proxy_port" \
-				--token-file "$work/agent.token" | tail -n1) ||
+			start_agent "$sdir" agent-scale
+			start_proxy "$agent_port"
+			smnt=$(bench_up_remote "scale$n" "$proxy_port") ||
 				die "sbx up scale$n failed"
-			"$SBX" umount "scale$n" >/dev/null
-			rm -rf "$SBX_HOME/cache/scale$n"
-			dropcaches
-			"$SBX" mount "scale$n" >/dev/null
-			for _ in $(seq 200); do
-				mountpoint -q "$smnt" && break
-				sleep 0.05
-			done
+			cold_sbx_script "$work/cold-scale.sh" "scale$n" "$smnt"
+			bash "$work/cold-scale.sh" ||
+				die "cold mount of scale$n failed"
 			t_sbx=$(ms_of grep -r "$absent" "$smnt")
 			dpid=$("$SBX" status "scale$n" --json |
 				"$PY" -c 'import json,sys; print(json.load(sys.stdin).get("pid", 0))')
 			hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' \
 				"/proc/$dpid/status" 2>/dev/null || echo n/a)
 			"$SBX" down "scale$n" --force >/dev/null 2>&1 || true
-			kill "$apid" "$ppid_" 2>/dev/null || true
+			kill "$agent_pid" "$proxy_pid" 2>/dev/null || true
 		fi
 		if [ "$SKIP_SSHFS" != 1 ] && [ "$n" -le "$SCALE_SSHFS_MAX" ]; then
 			smnt=$work/sshfs-scale

@@ -52,97 +52,29 @@
 # temporary directory.  Needs root (dropping caches).
 set -euo pipefail
 
-top=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$top/build}" 2>/dev/null && pwd) ||
-	{ echo "bench/roundtrips.sh: no build directory ${1:-$top/build}" >&2; exit 2; }
-SBX=$build/cli/sbx
-SHIM=$build/shim/sbx-exec
-AGENT=$build/agent/sbx-agent
-PY=/usr/bin/python3
+BENCH=roundtrips.sh
+. "$(dirname "$0")/common.sh"
+bench_build "${1:-}" SBX SHIM AGENT
 DELAY_MS=${DELAY_MS:-10}
 BIG_MB=${BIG_MB:-256}
 SRC=${SRC:-/usr/include/linux}
-
-die() { echo "bench/roundtrips.sh: $*" >&2; exit 1; }
-note() { echo "bench/roundtrips.sh: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || die "run as root (dropping caches)"
-for b in "$SBX" "$SHIM" "$AGENT"; do
-	[ -x "$b" ] || die "$b not built"
-done
 
-work=$(mktemp -d "${WORKDIR:-/var/tmp}/sbx-bench-rt.XXXXXX")
-chmod 755 "$work"
+bench_workdir sbx-bench-rt
 tree=$work/tree
 sbxmnt=""
-pids=()
-export SBX_HOME=$work/state SBX_MOUNT_ROOT=$work/mnt SBX_CONFIG=$work/config.json
-export HOME=$work/home
-mkdir -p "$HOME" "$SBX_MOUNT_ROOT"
-echo '{}' >"$SBX_CONFIG"
 reqlog=${LOG:-$work/requests.jsonl}
 : >"$reqlog"
 
-cleanup() {
-	set +e
-	[ -n "$sbxmnt" ] && "$SBX" down bench --force >/dev/null 2>&1
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-	sleep 0.2
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-	if [ "${KEEP:-0}" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-	"$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_port_file() { # FILE LOG: sets $port
-	for _ in $(seq 100); do
-		if [ -s "$1" ]; then port=$(head -n1 "$1"); return; fi
-		sleep 0.05
-	done
-	die "proxy did not start: $(cat "$2")"
-}
-
-note "preparing: $SRC -> git repository in $tree ..."
-mkdir -p "$tree/blob"
-cp -a "$SRC" "$tree/linux"
-printf 'blob/\n' >"$tree/.gitignore"
-git -C "$tree" init -q -b main
-git -C "$tree" config core.checkStat minimal
-git -C "$tree" config core.trustctime false
-git -C "$tree" add -A
-git -C "$tree" -c user.name=bench -c user.email=bench@sbx.invalid \
-	commit -q -m "bench tree"
-git -C "$tree" status --porcelain >/dev/null
-dd if=/dev/urandom of="$tree/blob/big.bin" bs=1M count="$BIG_MB" status=none
-sync
-
-head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/agent.token"
-chmod 600 "$work/agent.token"
-aport=$(free_port)
-"$AGENT" serve --root "$tree" --listen "127.0.0.1:$aport" \
-	--token-file "$work/agent.token" >"$work/agent.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 200); do
-	curl -fsS "http://127.0.0.1:$aport/v1/health" >/dev/null 2>&1 && break
-	sleep 0.05
-done
-(cd "$top/tests/integration" && exec "$PY" -m testenv.latency_proxy \
-	--listen 127.0.0.1:0 --target "127.0.0.1:$aport" \
-	--delay-ms "$DELAY_MS" >"$work/proxy.port" 2>"$work/proxy.log") &
-pids+=($!)
-wait_port_file "$work/proxy.port" "$work/proxy.log"
-pport=$port
+make_linux_tree "$tree" "$BIG_MB"
+start_agent "$tree" agent
+start_proxy "$agent_port"
 "$PY" "$top/bench/reqlog.py" --listen 127.0.0.1:0 \
-	--target "127.0.0.1:$pport" --log "$reqlog" \
+	--target "127.0.0.1:$proxy_port" --log "$reqlog" \
 	>"$work/reqlog.port" 2>"$work/reqlog.log" &
 pids+=($!)
-wait_port_file "$work/reqlog.port" "$work/reqlog.log"
-rport=$port
-sbxmnt=$("$SBX" up bench --provider remote --no-repo \
-	--url "http://127.0.0.1:$rport" \
-	--token-file "$work/agent.token" | tail -n1) ||
+wait_port "$work/reqlog.port" "$work/reqlog.log"
+sbxmnt=$(bench_up_remote bench "$port") ||
 	die "sbx up failed: $(cat "$SBX_HOME/logs/bench.log" 2>/dev/null)"
 [ -f "$sbxmnt/linux/kernel.h" ] || die "$sbxmnt does not show the tree"
 
@@ -155,14 +87,8 @@ ra() {
 	echo "bench/roundtrips.sh: mount $sbxmnt: $f = $(cat "$f" 2>/dev/null || echo '?')" >&2
 }
 ra
-cat >"$work/cold.sh" <<EOF
-set -e
-"$SBX" umount bench >/dev/null
-rm -rf "$SBX_HOME/cache/bench"
-sync; echo 3 >/proc/sys/vm/drop_caches
-"$SBX" mount bench >/dev/null
-for i in \$(seq 200); do mountpoint -q "$sbxmnt" && break; sleep 0.05; done
-mountpoint -q "$sbxmnt"
+cold_sbx_script "$work/cold.sh" bench "$sbxmnt"
+cat >>"$work/cold.sh" <<EOF
 $(declare -f ra)
 sbxmnt=$sbxmnt RA_KB=${RA_KB:-} ra
 EOF
