@@ -252,8 +252,10 @@ int cache_inner_node_of(struct cache *c, struct cnode *n,
 char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
 			const char *what);
 /*
- * rc of a call on n's path; -ENOENT for a name the tree still had becomes
- * -ESTALE (the kernel then looks the name up again).  No lock held.
+ * rc of a call on n's path (tree_path_of); -ENOENT for a name the tree
+ * still had becomes -ESTALE (the kernel then looks the name up again) and
+ * that name UNKNOWN, so the retry goes through another name of a
+ * hard-linked file if one is known present.  No lock held.
  */
 int cache_stale_or(struct cache *c, struct cnode *n, int rc);
 /* -ENAMETOOLONG (error set) for a name longer than NAME_MAX, else 0. */
@@ -336,10 +338,13 @@ struct cnode *tree_resolve(struct cache *c, const char *path, bool create);
 /* Path of n relative to the root, malloc'd; NULL for an orphan. */
 char *tree_path(const struct cnode *n);
 /*
- * The path to use for operations on n: its own name while present, else
- * another name of the same file (hard links), else its own.  NULL when n
- * has no path at all.
+ * The node whose name operations on n go through: n itself while its name
+ * is present, else another name of the same file (hard links) known
+ * present, else the first of n and those names that is not known absent,
+ * else n.  Never NULL; its path may be (an orphan).
  */
+struct cnode *tree_name_of(struct cnode *n);
+/* The path of tree_name_of(n), malloc'd; NULL when it has none. */
 char *tree_path_of(const struct cnode *n);
 char *tree_child_path(const struct cnode *dir, const char *name);
 /* dir/name has attributes st: its node (a new one if the object is
