@@ -199,9 +199,10 @@ struct cache {
 	struct cnode *orphans;     /* detached nodes (by orphan_next) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
-	 * Count of change events applied.  A fetch that sees it move while
-	 * its request was out may hold data from before the change: it is
-	 * returned but not trusted as cached (not fresh, not complete).
+	 * Count of changes applied: change events, and entry operations
+	 * through the mount (change_own_done).  A fetch that sees it move
+	 * while its request was out may hold data from before the change: it
+	 * is returned but not trusted as cached (not fresh, not complete).
 	 */
 	unsigned long events;
 	unsigned long silly_seq;
@@ -437,6 +438,15 @@ struct expect *change_expect(struct cache *c, const struct cnode *dir,
 			     const char *name);
 /* The change failed: no event will come for it (no lock held). */
 void change_expect_cancel(struct cache *c, struct expect *e);
+/*
+ * c->lock held: an entry operation through the mount (create, link,
+ * unlink, rename, ...) succeeded and is being recorded.  Counts as a change
+ * (c->events): a listing or negative lookup whose request was out may
+ * predate it, and its own event, which would have said so, may come after
+ * that answer (the stream is down or slow) and is then dropped as
+ * expected.
+ */
+void change_own_done(struct cache *c);
 /* Drop every expectation (c->lock held). */
 void change_expect_clear(struct cache *c);
 int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload);

@@ -279,6 +279,46 @@ static void test_stale_link_retry_takes_another(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/* ---- a listing in flight while an entry is made through the mount ------- */
+
+static void test_listing_predating_own_link(void **state)
+{
+	struct env *e = *state;
+	struct lister l = {e, -1};
+	struct sbx_node *n, *k;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(pmem_ext_write(e->mem, "a", "hello", 5), 0);
+	settle(e);
+	/* No bulk walk: the root's listing is fetched by opendir. */
+	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &n, &st), 0);
+	/*
+	 * The change stream is down (an outage) or just slow: the event of
+	 * our own link comes after the listing.  The listing was taken
+	 * before the link; its answer arrives after.
+	 */
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_gate_arm(e->mem, "releasedir", NULL), 0);
+	assert_int_equal(pthread_create(&t, NULL, list_root, &l), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	k_link(e, n, "b");
+	pmem_gate_release(e->mem);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(l.rc, 0);
+
+	/* "b" exists: the listing must not have made it absent. */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &k, &st), 0);
+	e->ops->forget(e->cache, k);
+	/* Nor once the late event (our own, expected) arrives. */
+	pmem_watch_hold(e->mem, false);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &k, &st), 0);
+	e->ops->forget(e->cache, k);
+	e->ops->forget(e->cache, n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -291,6 +331,8 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stale_link_retry_takes_another, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_listing_predating_own_link, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
