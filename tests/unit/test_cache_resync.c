@@ -113,7 +113,8 @@ static void k_unlink(struct env *e, const char *name)
  * cache, every event delivered.
  */
 static void linked_then_removed(struct env *e, const char *data,
-				const char *const *links, struct sbx_node **node)
+				const char *const *links,
+				struct sbx_node **node)
 {
 	struct stat st;
 
