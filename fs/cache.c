@@ -128,24 +128,33 @@ char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
  */
 int cache_stale_or(struct cache *c, struct cnode *n, int rc)
 {
-	bool retry = false;
+	struct cnode *k;
+	char *name = NULL;
 
 	if (rc != -ENOENT)
 		return rc;
 	cache_lock(c);
-	if (n->slot != S_ABSENT && n->parent) {
-		n->slot = S_UNKNOWN;
-		tree_invalidate_file(n);
-		n->parent->st_valid = false;
-		n->parent->complete = false;
-		retry = true;
+	/*
+	 * The name that failed is the one the call went through: for a hard
+	 * link that may be another name of the file than n's own.  It is
+	 * the one to ask about again, so the retry takes another name.
+	 */
+	k = tree_name_of(n);
+	if (k->slot != S_ABSENT && k->parent) {
+		k->slot = S_UNKNOWN;
+		tree_invalidate_file(k);
+		k->parent->st_valid = false;
+		k->parent->complete = false;
+		name = sbx_xstrdup(k->name);
 	}
 	cache_unlock(c);
-	if (!retry)
+	if (!name)
 		return rc;
-	return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-			     "'%s' was removed in the sandbox; look it up again",
-			     n->name);
+	rc = sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+			   "'%s' was removed in the sandbox; look it up again",
+			   name);
+	free(name);
+	return rc;
 }
 
 int cache_check_name(const char *name)

@@ -26,6 +26,7 @@ struct cnode *entry_created(struct cache *c, struct cnode *dir,
 	struct cnode *k;
 
 	cache_lock(c);
+	change_own_done(c);
 	k = tree_name_st(c, dir, name, st);
 	content_drop(c, k);
 	dir->st_valid = false;
@@ -166,6 +167,7 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 	struct cnode *k;
 
 	cache_lock(c);
+	change_own_done(c);
 	k = tree_kid_find(dir, name);
 	if (k) {
 		k->slot = S_ABSENT;
@@ -282,6 +284,7 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		return rc;
 
 	cache_lock(c);
+	change_own_done(c);
 	a = tree_kid_find(from, name);
 	b = tree_kid_find(to, newname);
 	from->st_valid = false;

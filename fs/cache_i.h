@@ -199,9 +199,10 @@ struct cache {
 	struct cnode *orphans;     /* detached nodes (by orphan_next) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
-	 * Count of change events applied.  A fetch that sees it move while
-	 * its request was out may hold data from before the change: it is
-	 * returned but not trusted as cached (not fresh, not complete).
+	 * Count of changes applied: change events, and entry operations
+	 * through the mount (change_own_done).  A fetch that sees it move
+	 * while its request was out may hold data from before the change: it
+	 * is returned but not trusted as cached (not fresh, not complete).
 	 */
 	unsigned long events;
 	unsigned long silly_seq;
@@ -252,8 +253,10 @@ int cache_inner_node_of(struct cache *c, struct cnode *n,
 char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
 			const char *what);
 /*
- * rc of a call on n's path; -ENOENT for a name the tree still had becomes
- * -ESTALE (the kernel then looks the name up again).  No lock held.
+ * rc of a call on n's path (tree_path_of); -ENOENT for a name the tree
+ * still had becomes -ESTALE (the kernel then looks the name up again) and
+ * that name UNKNOWN, so the retry goes through another name of a
+ * hard-linked file if one is known present.  No lock held.
  */
 int cache_stale_or(struct cache *c, struct cnode *n, int rc);
 /* -ENAMETOOLONG (error set) for a name longer than NAME_MAX, else 0. */
@@ -336,10 +339,13 @@ struct cnode *tree_resolve(struct cache *c, const char *path, bool create);
 /* Path of n relative to the root, malloc'd; NULL for an orphan. */
 char *tree_path(const struct cnode *n);
 /*
- * The path to use for operations on n: its own name while present, else
- * another name of the same file (hard links), else its own.  NULL when n
- * has no path at all.
+ * The node whose name operations on n go through: n itself while its name
+ * is present, else another name of the same file (hard links) known
+ * present, else the first of n and those names that is not known absent,
+ * else n.  Never NULL; its path may be (an orphan).
  */
+struct cnode *tree_name_of(struct cnode *n);
+/* The path of tree_name_of(n), malloc'd; NULL when it has none. */
 char *tree_path_of(const struct cnode *n);
 char *tree_child_path(const struct cnode *dir, const char *name);
 /* dir/name has attributes st: its node (a new one if the object is
@@ -432,6 +438,15 @@ struct expect *change_expect(struct cache *c, const struct cnode *dir,
 			     const char *name);
 /* The change failed: no event will come for it (no lock held). */
 void change_expect_cancel(struct cache *c, struct expect *e);
+/*
+ * c->lock held: an entry operation through the mount (create, link,
+ * unlink, rename, ...) succeeded and is being recorded.  Counts as a change
+ * (c->events): a listing or negative lookup whose request was out may
+ * predate it, and its own event, which would have said so, may come after
+ * that answer (the stream is down or slow) and is then dropped as
+ * expected.
+ */
+void change_own_done(struct cache *c);
 /* Drop every expectation (c->lock held). */
 void change_expect_clear(struct cache *c);
 int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload);

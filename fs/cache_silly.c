@@ -119,6 +119,7 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 		return rc;
 	}
 	cache_lock(c);
+	change_own_done(c);
 	tree_kid_move(k, dir, hidden);
 	k->hidden = true;
 	tree_kid_get(dir, name)->slot = S_ABSENT;

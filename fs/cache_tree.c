@@ -144,18 +144,53 @@ char *tree_path(const struct cnode *n)
 	return p;
 }
 
+/* Does tree_path(n) give a path (no orphan on the way up)? */
+static bool has_path(const struct cnode *n)
+{
+	const struct cnode *x;
+
+	for (x = n; x->parent; x = x->parent)
+		if (x->orphan)
+			return false;
+	return !x->orphan && !x->name;
+}
+
+/* Has `a` a path, and does its slot say at least `want`? */
+static bool name_usable(const struct cnode *a, enum slot want)
+{
+	if (a->slot == S_ABSENT || (want == S_PRESENT && a->slot != want))
+		return false;
+	return has_path(a);
+}
+
+/*
+ * Names known to hold the file come before names that only may: a name
+ * removed through the mount turns UNKNOWN again when a change is reported
+ * for it, a listing races with a change or events are lost (overflow),
+ * because it may have been created anew.  For the daemon's node of a
+ * hard-linked file that name is usually the removed one: trying it first
+ * answered ENOENT (ESTALE) for every other name of the file, however often
+ * the kernel looked them up again (docs/design.md, "mount-stale").
+ */
+struct cnode *tree_name_of(struct cnode *n)
+{
+	static const enum slot order[] = {S_PRESENT, S_UNKNOWN};
+
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		if (name_usable(n, order[i]))
+			return n;
+		if (n->in_ring)
+			for (struct cnode *a = n->ring_next; a != n;
+			     a = a->ring_next)
+				if (name_usable(a, order[i]))
+					return a;
+	}
+	return n;
+}
+
 char *tree_path_of(const struct cnode *n)
 {
-	char *p;
-
-	if (n->slot != S_ABSENT && (p = tree_path(n)))
-		return p;
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next)
-			if (a->slot != S_ABSENT && (p = tree_path(a)))
-				return p;
-	return tree_path(n);
+	return tree_path(tree_name_of((struct cnode *)n));
 }
 
 char *tree_child_path(const struct cnode *dir, const char *name)
@@ -275,10 +310,12 @@ void tree_set_st(struct cache *c, struct cnode *n, const struct stat *st)
 void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
 {
 	enum slot was = n->slot;
+	/* Fetched through another name: n's own is as unknown as before. */
+	bool own = tree_name_of(n) == n;
 
 	tree_set_st(c, n, st);
-	if (was == S_ABSENT)
-		n->slot = S_ABSENT;
+	if (was == S_ABSENT || !own)
+		n->slot = was;
 }
 
 /*

@@ -915,7 +915,16 @@ class FileModel:
     val/known: its content as far as acknowledged (known[i] == 1: byte i
     was acknowledged -- written, then fsync() or close() returned 0 -- and
     nothing since made it uncertain).  pending: writes and truncations not
-    yet acknowledged, in order; a failed one makes its range uncertain."""
+    yet acknowledged, in order; a failed truncation, fsync() or close()
+    makes their range uncertain.
+
+    A pwrite() that reported an error has an uncertain outcome, as on NFS
+    (docs/design.md, "Write-back"): its bytes may land, even after later
+    operations, or not.  They are kept in `failed` (offset, bytes): the
+    file may hold, at any byte, the acknowledged value or the byte of a
+    failed write covering it, and may be longer than the acknowledged size
+    by such bytes (the gap zero-filled) -- but never other bytes, and never
+    lack an acknowledged one."""
 
     def __init__(self, fid, name):
         self.fid = fid
@@ -924,8 +933,9 @@ class FileModel:
         self.known = bytearray()
         self.size = 0
         self.size_known = True
-        self.pending = []          # ("w", off, data) ("wfail", off, n)
+        self.pending = []          # ("w", off, data) ("wfail", off, data)
                                    # ("t", size) ("tfail", size)
+        self.failed = []           # (off, data) of failed pwrite()s
         self.acks = 0
         self.writer = None         # the one writable slot, if any
 
@@ -947,9 +957,13 @@ class FileModel:
             self.known[off:off + len(d)] = b"\1" * len(d)
             if self.size_known:
                 self.size = max(self.size, off + len(d))
-        elif kind in ("w", "wfail"):
+        elif kind == "wfail":
+            # Landed or not, each byte: the acknowledged one stays known
+            # and the failed bytes are the only alternative (see above).
+            self.failed.append((e[1], e[2]))
+        elif kind == "w":
             off = e[1]
-            n = len(e[2]) if kind == "w" else e[2]
+            n = len(e[2])
             self._grow(off + n)
             self.known[off:off + n] = b"\0" * n
             if self.size_known and off + n > self.size:
@@ -985,7 +999,7 @@ class FileModel:
         mask = bytearray(self.known)
         for e in self.pending:
             if e[0] in ("w", "wfail"):
-                n = len(e[2]) if e[0] == "w" else e[2]
+                n = len(e[2])
                 mask[e[1]:e[1] + n] = b"\0" * len(mask[e[1]:e[1] + n])
             else:
                 mask[e[1]:] = b"\0" * len(mask[e[1]:])
@@ -999,7 +1013,13 @@ class FileModel:
         m.size, m.size_known = self.size, self.size_known
         for e in self.pending:
             m._apply(e, e[0] in ("w", "t"))
+        if m.failed_end() > m.size:
+            m.size_known = False
         return m.val, m.known, (m.size if m.size_known else None)
+
+    def failed_end(self):
+        """Where the furthest failed write ends (0 without one)."""
+        return max((off + len(d) for off, d in self.failed), default=0)
 
 
 def masked_diff(a, b, known):
@@ -1017,17 +1037,50 @@ def masked_diff(a, b, known):
     return ((d & -d).bit_length() - 1) // 8
 
 
-def check_content(data, val, known, size):
-    """None if data agrees with what is known, else a description."""
+def failed_at(failed, i, b):
+    """Is b the byte at file offset i of one of the failed writes?"""
+    return any(off <= i < off + len(d) and d[i - off] == b
+               for off, d in failed)
+
+
+def first_unexplained(data, val, known, start, end, failed, base=0):
+    """First i in [start, end) where data[i] is known and differs from
+    val[i] and no failed write explains it (file offset base + i), or -1.
+    Fast when nothing differs; byte by byte only after a difference."""
+    i = masked_diff(data[start:end], val[start:end], known[start:end])
+    if i < 0:
+        return -1
+    for j in range(start + i, end):
+        if known[j] and data[j] != val[j] and \
+                not failed_at(failed, base + j, data[j]):
+            return j
+    return -1
+
+
+def check_content(data, val, known, size, failed=()):
+    """None if data agrees with what is known, else a description.
+
+    failed: (offset, bytes) of writes whose call reported an error (an
+    uncertain outcome): at any byte their byte may replace the
+    acknowledged one, and they may make the file longer than `size`
+    (the gap reads as zeros).  Nothing else may differ."""
+    end = max((off + len(d) for off, d in failed), default=0)
     if size is not None and len(data) != size:
-        return f"size {len(data)}, expected {size}"
+        if not size < len(data) <= end:
+            return f"size {len(data)}, expected {size}" + (
+                f" (or up to {end} with failed writes)" if end > size
+                else "")
+        for j in range(size, len(data)):
+            if data[j] and not failed_at(failed, j, data[j]):
+                return (f"byte {j} beyond the acknowledged size {size} is "
+                        f"{data[j]:#x}: neither a failed write's nor zero")
     last = len(known) - 1
     while last >= 0 and not known[last]:
         last -= 1
     if last >= len(data):
         return (f"acknowledged bytes up to {last} missing: the file has "
                 f"{len(data)} bytes")
-    i = masked_diff(data, val, known[:last + 1])
+    i = first_unexplained(data, val, known, 0, last + 1, failed)
     if i < 0:
         return None
     j = i
@@ -1035,7 +1088,8 @@ def check_content(data, val, known, size):
         j += 1
     return (f"bytes {i}..{j} differ from what was acknowledged: got "
             f"{bytes(data[i:min(j, i + 16)])!r}, expected "
-            f"{bytes(val[i:min(j, i + 16)])!r}")
+            f"{bytes(val[i:min(j, i + 16)])!r}" +
+            (" (and from the failed writes)" if failed else ""))
 
 
 class FaultGen:
@@ -1151,7 +1205,7 @@ class FaultGen:
                 try:
                     n = os.pwrite(fd, d, op[3])
                 except OSError:
-                    m.pending.append(("wfail", op[3], len(d)))
+                    m.pending.append(("wfail", op[3], bytes(d)))
                     raise
                 m.pending.append(("w", op[3], d[:n]))
                 return ("ok", n), None
@@ -1245,7 +1299,9 @@ class FaultGen:
         kn = mask[off:off + n]
         j = kn.find(b"\1", len(d))
         short = [j] if j >= 0 else []
-        i = masked_diff(d, val[off:off + len(d)], kn[:len(d)])
+        # A failed write's bytes may have landed (FileModel).
+        i = first_unexplained(d, val[off:off + len(d)], kn[:len(d)], 0,
+                              len(d), m.failed, off)
         if i >= 0:
             return ("corrupt", f"byte {off + i}: read {d[i]:#x}, acknowledged "
                                f"{val[off + i]:#x}")
@@ -1260,7 +1316,8 @@ class FaultGen:
                                f" (file size {size} after writes that "
                                f"returned)")
         kn = known[off:off + len(d)]
-        i = masked_diff(d, val[off:off + len(kn)], kn)
+        i = first_unexplained(d, val[off:off + len(kn)], kn, 0, len(kn),
+                              m.failed, off)
         if i >= 0:
             return ("ryw", f"byte {off + i}: read {d[i]:#x}, written "
                            f"{val[off + i]:#x}")
@@ -1282,9 +1339,12 @@ class FaultGen:
             k += 1
             vp = os.path.join(outdir, f"{k}.val")
             kp = os.path.join(outdir, f"{k}.known")
+            fp = os.path.join(outdir, f"{k}.failed")
             Path(vp).write_bytes(bytes(m.val))
             Path(kp).write_bytes(bytes(m.known))
-            idx[name] = {"val": vp, "known": kp,
+            Path(fp).write_text(json.dumps([[off, d.hex()]
+                                            for off, d in m.failed]))
+            idx[name] = {"val": vp, "known": kp, "failed": fp,
                          "size": m.size if m.size_known else None,
                          "acked": sum(m.known)}
         return idx
@@ -1352,6 +1412,12 @@ def worker_fault(spec):
             "expect": gen.expectations(outdir)}
 
 
+def failed_writes(e):
+    """The failed writes of an expectations entry: [(offset, bytes)]."""
+    return [(off, bytes.fromhex(h))
+            for off, h in json.loads(Path(e["failed"]).read_text())]
+
+
 def worker_verify(spec):
     """Read every acknowledged file through the mount and check it."""
     journal = Journal(spec["journal"])
@@ -1364,7 +1430,8 @@ def worker_verify(spec):
             with open(p, "rb") as f:
                 data = f.read()
             bad = check_content(data, Path(e["val"]).read_bytes(),
-                                Path(e["known"]).read_bytes(), e["size"])
+                                Path(e["known"]).read_bytes(), e["size"],
+                                failed_writes(e))
         except OSError as ex:
             bad = f"cannot read: {ename(ex.errno)}"
         journal.end(i, bad or "ok")
@@ -1763,7 +1830,7 @@ class Controller:
                         data = Path(p).read_bytes()
                         bad = check_content(data, Path(e["val"]).read_bytes(),
                                             Path(e["known"]).read_bytes(),
-                                            e["size"])
+                                            e["size"], failed_writes(e))
                     except OSError as ex:
                         bad = f"cannot read: {ename(ex.errno)}"
                     if bad:
@@ -1777,9 +1844,10 @@ class Controller:
                        and "(in the sandbox's directory)" in f["text"]}
         self.run_workers(specs, 60)
         # A file the sandbox holds intact but the mount cannot read is not
-        # a lost write: it is the mount's view after the outage, a known
-        # defect (docs/design.md, "Known defects": mount-stale).  A file
-        # the sandbox itself lacks or has wrong stays "lost".
+        # a lost write but the mount's view after the outage: "mount-stale"
+        # (a failure too; docs/design.md, "Known defects", has its fixed
+        # causes).  A file the sandbox itself lacks or has wrong stays
+        # "lost".
         if backing is not None:
             for f in self.report.findings[before:]:
                 if f["kind"] == "lost" and "(through the mount)" in f["text"]:
