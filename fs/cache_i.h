@@ -65,6 +65,12 @@
 /* Separate extents of buffered writes per open file before a push. */
 #define CACHE_WB_EXTENTS 256
 /*
+ * Gaps up to this size between extents of a file whose local image is
+ * known are filled from it at push time (zeros, mostly: a linker's
+ * alignment padding), so the extents go out as one write.
+ */
+#define CACHE_WB_GAP (64u << 10)
+/*
  * Buffered writes are pushed at the latest this long after the first
  * unpushed byte (the kernel's dirty_expire is 30 s; ours is short because
  * the daemon, unlike the kernel, can be killed).

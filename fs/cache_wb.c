@@ -243,11 +243,58 @@ static void dirty_del(struct cache *c, struct cfile *f)
 	f->node->dirty--;
 }
 
+static struct cfile *img_of(struct cache *c, struct cnode *n);
+
 /* The sandbox's file changed under the node: cached views are old. */
 static void written(struct cache *c, struct cnode *n)
 {
 	tree_invalidate_file(n);
 	content_drop(c, n);
+}
+
+/*
+ * Before a push (wlock and c->lock held, img_of(f->node) == f): fill the
+ * gaps of up to CACHE_WB_GAP between extents from the image, so that the
+ * push writes one extent where the writes left several (a linker skips
+ * its alignment padding).  The bytes filled in are what the file holds
+ * there (our image says so), so writing them changes nothing else.
+ */
+static void img_fill_gaps(struct cfile *f)
+{
+	size_t i = 0;
+
+	while (i + 1 < f->next) {
+		struct wb_ext *a = &f->ext[i], *b = &f->ext[i + 1];
+		off_t gap_lo = a->off + (off_t)a->len, gap = b->off - gap_lo;
+		size_t len;
+
+		if (gap > (off_t)CACHE_WB_GAP ||
+		    f->buf_len + (size_t)gap > CACHE_WRITE_BUF) {
+			i++;
+			continue;
+		}
+		len = a->len + (size_t)gap + b->len;
+		if (a->cap < len) {
+			a->cap = len;
+			a->data = sbx_xrealloc(a->data, len);
+		}
+		memset(a->data + a->len, 0, (size_t)gap);
+		if (gap_lo < (off_t)f->img_base_len) {
+			off_t hi = b->off < (off_t)f->img_base_len
+					   ? b->off
+					   : (off_t)f->img_base_len;
+
+			memcpy(a->data + a->len, f->img_base + gap_lo,
+			       (size_t)(hi - gap_lo));
+		}
+		memcpy(a->data + a->len + gap, b->data, b->len);
+		a->len = len;
+		f->buf_len += (size_t)gap;
+		free(b->data);
+		memmove(f->ext + i + 1, f->ext + i + 2,
+			(f->next - i - 2) * sizeof(*f->ext));
+		f->next--;
+	}
 }
 
 /*
@@ -287,6 +334,8 @@ static int push_locked(struct cache *c, struct cfile *f)
 	int rc;
 
 	cache_lock(c);
+	if (f->next > 1 && img_of(c, f->node) == f)
+		img_fill_gaps(f);
 	ext = f->ext;
 	next = f->next;
 	if (next) {
