@@ -136,6 +136,38 @@ static void test_scattered_writes_local(void **state)
 }
 
 /*
+ * An existing file whose content is cached (the bulk walk brought it):
+ * writes into it are read back from the content overlaid with them, and
+ * getattr tells the size they made, without a round trip.
+ */
+static void test_cached_content_overlaid(void **state)
+{
+	struct tc_env *e = *state;
+	const char *was = "0123456789abcdef";
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[32];
+
+	assert_int_equal(pmem_ext_write(e->mem, "c", was, 16), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "c", &n, &st), 0);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->write(e->cache, fh, "XY", 2, 4), 2);
+	assert_int_equal(e->ops->write(e->cache, fh, "end", 3, 18), 3);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 2), 19);
+	assert_memory_equal(buf, "23XY6789abcdef\0\0end", 19);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &st), 0);
+	assert_int_equal(st.st_size, 21);
+	assert_int_equal(trips(e), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 1);
+	assert_true(holds(e, "c", "0123XY6789abcdef\0\0end", 21));
+	e->ops->forget(e->cache, n);
+}
+
+/*
  * Someone else writes the file in the sandbox between our write and our
  * read: the image is not the file any more, so the read pushes and asks.
  */
@@ -250,6 +282,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_scattered_writes_local,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_cached_content_overlaid,
 						tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(
 			test_event_between_write_and_read, tc_setup,
