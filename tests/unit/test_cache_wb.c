@@ -62,31 +62,24 @@ static unsigned long trips(struct tc_env *e)
 }
 
 /*
- * The linker's pattern: the output is unlinked, created again with
- * O_CREAT|O_TRUNC, then written with small writes at scattered offsets
- * and read back in between.  A local buffer driven by the same random
- * operations says what every read and getattr must answer; none of them
- * reaches the sandbox, and close pushes the extents together.
+ * Random writes, reads and getattrs of one open file, after the output was
+ * unlinked and created again with O_CREAT|O_TRUNC (what a linker does),
+ * checked against a local buffer driven by the same operations: offsets
+ * below `span`, writes up to `maxw` bytes.  Returns the file's size.
  */
-static void test_scattered_writes_local(void **state)
+static size_t random_ops(struct tc_env *e, struct sbx_node *n,
+			 struct sbx_file *fh, char *model, size_t span,
+			 size_t maxw, int ops, uint32_t seed)
 {
-	struct tc_env *e = *state;
-	static char model[MODEL_MAX], buf[MODEL_MAX], data[4096];
+	static char buf[1 << 20], data[1 << 20];
 	size_t size = 0;
-	uint32_t seed = 12345;
-	struct sbx_node *n;
-	struct sbx_file *fh;
 	struct stat st;
 
-	assert_int_equal(pmem_ext_write(e->mem, "out", "old", 3), 0);
-	tc_settle(e);
-	assert_int_equal(tc_unlink(e, "out"), 0);
-	assert_int_equal(tc_create(e, "out", O_RDWR | O_TRUNC, &n, &fh), 0);
-	memset(model, 0, sizeof(model));
-	for (int i = 0; i < 400; i++) {
+	assert_true(maxw <= sizeof(data) && maxw < span);
+	for (int i = 0; i < ops; i++) {
 		uint32_t op = rnd(&seed) % 8;
-		size_t off = rnd(&seed) % (MODEL_MAX - sizeof(data));
-		size_t len = 1 + rnd(&seed) % sizeof(data);
+		size_t off = rnd(&seed) % (span - maxw);
+		size_t len = 1 + rnd(&seed) % maxw;
 
 		if (i == 1) {
 			/* The create's own event arrives after the first
@@ -124,6 +117,28 @@ static void test_scattered_writes_local(void **state)
 			assert_true(S_ISREG(st.st_mode));
 		}
 	}
+	return size;
+}
+
+/*
+ * The linker's pattern: small writes at scattered offsets, read back in
+ * between.  None of the reads and getattrs reaches the sandbox, and close
+ * pushes the extents as one write.
+ */
+static void test_scattered_writes_local(void **state)
+{
+	struct tc_env *e = *state;
+	static char model[MODEL_MAX];
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	size_t size;
+
+	assert_int_equal(pmem_ext_write(e->mem, "out", "old", 3), 0);
+	tc_settle(e);
+	assert_int_equal(tc_unlink(e, "out"), 0);
+	assert_int_equal(tc_create(e, "out", O_RDWR | O_TRUNC, &n, &fh), 0);
+	memset(model, 0, sizeof(model));
+	size = random_ops(e, n, fh, model, MODEL_MAX, 4096, 400, 12345);
 	/* Nothing reached the sandbox while the file was being written. */
 	assert_int_equal(trips(e), 0);
 	assert_int_equal(tc_close(e, fh), 0);
@@ -132,6 +147,31 @@ static void test_scattered_writes_local(void **state)
 	assert_int_equal(pmem_calls(e->mem, "write"), 1);
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
 	assert_true(holds(e, "out", model, size));
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * The same with large writes over 12 MiB: the 4 MiB buffer fills and is
+ * pushed while the file is written (the image goes with it, reads then
+ * ask the sandbox), gaps too wide to fill stay separate writes.  Every
+ * read still answers what the writes made.
+ */
+static void test_scattered_writes_large(void **state)
+{
+	struct tc_env *e = *state;
+	static char model[12u << 20];
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	size_t size;
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "big", O_RDWR | O_EXCL, &n, &fh), 0);
+	memset(model, 0, sizeof(model));
+	size = random_ops(e, n, fh, model, sizeof(model), 512u << 10, 300,
+			  777);
+	assert_true(pmem_calls(e->mem, "write") > 1);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(holds(e, "big", model, size));
 	e->ops->forget(e->cache, n);
 }
 
@@ -282,6 +322,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_scattered_writes_local,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_scattered_writes_large,
 						tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(test_cached_content_overlaid,
 						tc_setup, tc_teardown),
