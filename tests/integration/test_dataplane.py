@@ -365,6 +365,7 @@ def link_hello(m):
 
 
 @needs_cc
+@pytest.mark.slow_remote
 def test_linker_output_in_mount(sandbox):
     # The output a linker writes through the mount is the program it
     # linked, in the sandbox too (the write-back buffer keeps its
