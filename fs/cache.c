@@ -193,6 +193,14 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (!dir->prefetched && !dir->complete)
 		list_prefetch(c, dir);
 	k = tree_kid_find(dir, name);
+	if (k && k->dirty && k->slot == S_PRESENT) {
+		cache_unlock(c);
+		if (wb_local_getattr(c, k, st)) {
+			*out = (struct sbx_node *)k;
+			return 0;
+		}
+		cache_lock(c);
+	}
 	if (k && k->dirty) {
 		/*
 		 * Buffered writes change the size: a LOOKUP reply carries
@@ -263,8 +271,12 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	int rc;
 
 	(void)fh;
-	/* Buffered writes change the size: push them so the answer is true
-	 * (and wait for pushes in flight). */
+	/* A file being written whose whole content we know: its size and
+	 * times are ours to tell. */
+	if (wb_local_getattr(c, n, st))
+		return 0;
+	/* Else buffered writes change the size: push them so the answer is
+	 * true (and wait for pushes in flight). */
 	rc = wb_push_node(c, n);
 	if (rc < 0)
 		return rc;
@@ -449,14 +461,26 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_open_result res;
 	struct sbx_node *in, *made = NULL;
 	struct cfile *f;
+	bool absent;
 	int rc = cache_check_name(name);
 
 	if (rc < 0)
 		return rc;
 	memset(&res, 0, sizeof(res));
-	/* Without O_EXCL the file may exist already: then no event comes,
-	 * and an unconsumed expectation would swallow a later one. */
-	if (flags & O_EXCL)
+	/*
+	 * Without O_EXCL the file may exist already: then no event comes,
+	 * and an unconsumed expectation would swallow a later one.  Unless
+	 * the name is known absent (we removed it, or saw it go, and the
+	 * stream would have told us otherwise): a linker unlinks its output,
+	 * then creates it with O_CREAT|O_TRUNC, and the event of that create
+	 * would otherwise make the new file's content unknown (its local
+	 * image, see cache_wb.c) while it is being written.
+	 */
+	cache_lock(c);
+	k = tree_kid_find(dir, name);
+	absent = k && k->slot == S_ABSENT && cache_healthy(c);
+	cache_unlock(c);
+	if ((flags & O_EXCL) || absent)
 		rc = EXPECTING(c, dir, name,
 			       ON_INNER(c, dir, in,
 					c->inner->ops->create(c->inner, in,
@@ -475,6 +499,12 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 		(void)c->inner->ops->release(c->inner, res.fh);
 	c->inner->ops->forget(c->inner, made);
 	k = entry_created(c, dir, name, st);
+	if (S_ISREG(st->st_mode) && st->st_size == 0) {
+		/* Empty: its whole content is known, reads need not ask. */
+		cache_lock(c);
+		content_store(c, k, "", 0, st);
+		cache_unlock(c);
+	}
 	f = wb_file_new(k, flags);
 	count_open(c, k, f);
 	memset(out, 0, sizeof(*out));
@@ -499,8 +529,12 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 	int rc;
 
 	reactivate(c, f);
-	/* Writes through any open file of n (mmap write-back goes through
-	 * whichever) must be in the sandbox before we read it. */
+	/* Our writes over content we know: no need to ask. */
+	got = wb_local_read(c, n, buf, size, off);
+	if (got >= 0)
+		return got;
+	/* Else writes through any open file of n (mmap write-back goes
+	 * through whichever) must be in the sandbox before we read it. */
 	rc = wb_push_node(c, n);
 	if (rc < 0)
 		return rc;

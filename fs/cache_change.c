@@ -155,6 +155,8 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		return;
 	}
 	n = tree_resolve(c, ch->path, false);
+	if (n)
+		wb_node_changed(n); /* even dirty: its local image is old */
 	if (n && !n->dirty) {
 		/* Its other names' link counts may have changed too. */
 		tree_invalidate_file(n);

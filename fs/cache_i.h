@@ -62,6 +62,14 @@
 #define CACHE_DISK_MIN (64u << 10)
 /* Buffered writes per open file before they are pushed. */
 #define CACHE_WRITE_BUF (4u << 20)
+/* Separate extents of buffered writes per open file before a push. */
+#define CACHE_WB_EXTENTS 256
+/*
+ * Gaps up to this size between extents of a file whose local image is
+ * known are filled from it at push time (zeros, mostly: a linker's
+ * alignment padding), so the extents go out as one write.
+ */
+#define CACHE_WB_GAP (64u << 10)
 /*
  * Buffered writes are pushed at the latest this long after the first
  * unpushed byte (the kernel's dirty_expire is 30 s; ours is short because
@@ -131,6 +139,12 @@ struct cnode {
 	unsigned opens;       /* open files */
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
+	/*
+	 * Change events that named this file (any of its names), counted
+	 * even while it is dirty: a local image of its content taken at an
+	 * earlier count is no longer the sandbox's file plus our writes.
+	 */
+	unsigned long chg;
 
 	/*
 	 * Hard links: the names of one multi-link file form a circular,
@@ -144,6 +158,13 @@ struct cnode {
 	struct sbx_hashmap_node ring_node; /* a head's entry in c->rings */
 };
 
+/* One extent of unpushed writes of an open file. */
+struct wb_ext {
+	off_t off;
+	size_t len, cap;
+	char *data;
+};
+
 struct cfile {
 	struct cnode *node;
 	int flags;
@@ -151,11 +172,28 @@ struct cfile {
 	bool released;              /* c->lock: RELEASE seen */
 	pthread_mutex_t wlock;      /* lock order 1 */
 	bool flushed;               /* c->lock: FLUSH seen, not used since */
-	/* One contiguous extent of unpushed writes: wlock and c->lock to
-	 * change, either to read. */
-	char *buf;
+	/*
+	 * Unpushed writes: extents sorted by offset, disjoint and not
+	 * touching (touching or overlapping writes are merged); buf_len
+	 * counts their bytes.  wlock and c->lock to change, either to read.
+	 */
+	struct wb_ext *ext;
+	size_t next, ext_cap;
 	size_t buf_len;
-	off_t buf_off;
+	/*
+	 * The local image (wb_local_*): when the file's whole content was
+	 * known as the first unpushed byte came (cached in memory, or empty
+	 * because created here), img_base is that content and the file as
+	 * the owner sees it is img_base (zeros past its end) overlaid with
+	 * the extents, img_size bytes long, with attributes img_st.  Valid
+	 * while img and the node's chg is still img_chg.  c->lock.
+	 */
+	bool img;
+	char *img_base;
+	size_t img_base_len;
+	off_t img_size;
+	struct stat img_st;
+	unsigned long img_chg;
 	double dirty_since;         /* c->lock: when buf became non-empty */
 	bool on_dirty;              /* c->lock: on c->dirty */
 	struct cfile *dnext, *dprev;
@@ -417,6 +455,16 @@ int wb_push_dir(struct cache *c, struct cnode *dir);
 int wb_push_all(struct cache *c);
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		 size_t size, off_t off);
+/*
+ * Reads and getattr of a node with unpushed writes, answered from the
+ * local image (see struct cfile) without pushing.  No lock held.  Return
+ * false / -1 when the image is not known: push and ask the sandbox.
+ */
+bool wb_local_getattr(struct cache *c, struct cnode *n, struct stat *st);
+ssize_t wb_local_read(struct cache *c, struct cnode *n, void *buf,
+		      size_t size, off_t off);
+/* A change event named n (c->lock held): its local image is old. */
+void wb_node_changed(struct cnode *n);
 /* The last reference of the kernel: push, close, drop.  Frees f (later). */
 int wb_release(struct cache *c, struct cfile *f);
 int wb_start_flusher(struct cache *c);

@@ -1,15 +1,27 @@
 /*
  * Open files and their write-back buffers; see cache_i.h.
  *
- * Each open file buffers one contiguous extent of writes (sequential
- * writes of a file being saved or generated become one request).  The
- * extent is pushed to the sandbox on close (FLUSH), fsync, RELEASE, when a
- * write does not continue it or would overflow it, before anything that
- * must see the file's real size (getattr, read, setattr), at the exec
- * barrier (syncfs), and at the latest CACHE_WB_EXPIRE after its first byte
- * by the flusher thread -- so a daemon killed with -9 loses at most about a
+ * Each open file buffers its writes as sorted extents (touching or
+ * overlapping writes merge, so sequential writes of a file being saved or
+ * generated become one request; a linker's scattered pwrites become a few).
+ * They are pushed to the sandbox, one write request per extent, on close
+ * (FLUSH), fsync, RELEASE, when a write would take the buffer past
+ * CACHE_WRITE_BUF bytes or CACHE_WB_EXTENTS extents, before anything that
+ * must see the file's real state (setattr, other descriptors' writes,
+ * reads and getattr the local image cannot answer), at the exec barrier
+ * (syncfs), and at the latest CACHE_WB_EXPIRE after its first byte by the
+ * flusher thread -- so a daemon killed with -9 loses at most about a
  * second of acknowledged writes, as a kernel page cache would lose its
  * dirty pages.
+ *
+ * The local image.  When the file's whole content is known as its first
+ * unpushed byte is buffered (its cached content is valid and in memory, or
+ * it is empty: created through this mount), reads and getattr of the file
+ * are answered from that content overlaid with the extents, without a
+ * push: a linker writing and reading back its output costs one push at
+ * close instead of a push, a stat and a read per write.  Any change event
+ * for the file (someone else wrote it, renamed it, an overflow) makes the
+ * image unknown, and the old rule (push, then ask the sandbox) applies.
  *
  * Errors stay with the data.  A push that fails, whoever asked for it (a
  * stat of another process, a child's close of an inherited descriptor,
@@ -51,6 +63,99 @@ void wb_file_get(struct cfile *f)
 	f->refs++;
 }
 
+static void ext_free(struct wb_ext *e, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(e[i].data);
+	free(e);
+}
+
+/* Drop every buffered extent (wlock and c->lock held, or last ref). */
+static void ext_free_all(struct cfile *f)
+{
+	ext_free(f->ext, f->next);
+	f->ext = NULL;
+	f->next = f->ext_cap = 0;
+	f->buf_len = 0;
+}
+
+static void img_forget(struct cfile *f)
+{
+	free(f->img_base);
+	f->img_base = NULL;
+	f->img_base_len = 0;
+	f->img = false;
+}
+
+/*
+ * Add a write of size bytes at off to f's extents, merging it with every
+ * extent it overlaps or touches (its bytes win).  wlock and c->lock held.
+ */
+static void ext_add(struct cfile *f, const void *data, size_t size, off_t off)
+{
+	off_t end = off + (off_t)size, lo = off, hi = end;
+	size_t first, last, len;
+	struct wb_ext *e;
+
+	/* Extents [first, last) overlap or touch [off, end). */
+	for (first = 0; first < f->next &&
+			f->ext[first].off + (off_t)f->ext[first].len < off;
+	     first++)
+		;
+	for (last = first; last < f->next && f->ext[last].off <= end; last++)
+		;
+	if (first == last) {
+		if (f->next == f->ext_cap) {
+			f->ext_cap = f->ext_cap ? f->ext_cap * 2 : 4;
+			f->ext = sbx_xrealloc(f->ext,
+					      f->ext_cap * sizeof(*f->ext));
+		}
+		memmove(f->ext + first + 1, f->ext + first,
+			(f->next - first) * sizeof(*f->ext));
+		f->next++;
+		e = &f->ext[first];
+		e->off = off;
+		e->len = e->cap = size;
+		e->data = sbx_xmalloc(size ? size : 1);
+		memcpy(e->data, data, size);
+		f->buf_len += size;
+		return;
+	}
+	if (f->ext[first].off < lo)
+		lo = f->ext[first].off;
+	if (f->ext[last - 1].off + (off_t)f->ext[last - 1].len > hi)
+		hi = f->ext[last - 1].off + (off_t)f->ext[last - 1].len;
+	len = (size_t)(hi - lo);
+	e = &f->ext[first];
+	if (e->off != lo) {
+		/* The write starts before the first: a new buffer. */
+		char *d = sbx_xmalloc(len);
+
+		memcpy(d + (e->off - lo), e->data, e->len);
+		free(e->data);
+		e->data = d;
+		e->cap = len;
+		e->off = lo;
+	} else if (e->cap < len) {
+		/* Grows geometrically: sequential writes append cheaply. */
+		e->cap = len > 2 * e->cap ? len : 2 * e->cap;
+		e->data = sbx_xrealloc(e->data, e->cap);
+	}
+	f->buf_len -= e->len;
+	for (size_t i = first + 1; i < last; i++) {
+		memcpy(e->data + (f->ext[i].off - lo), f->ext[i].data,
+		       f->ext[i].len);
+		f->buf_len -= f->ext[i].len;
+		free(f->ext[i].data);
+	}
+	memcpy(e->data + (off - lo), data, size);
+	e->len = len;
+	f->buf_len += len;
+	memmove(f->ext + first + 1, f->ext + last,
+		(f->next - last) * sizeof(*f->ext));
+	f->next -= last - first - 1;
+}
+
 void wb_file_put(struct cache *c, struct cfile *f)
 {
 	bool last;
@@ -60,7 +165,8 @@ void wb_file_put(struct cache *c, struct cfile *f)
 	cache_unlock(c);
 	if (!last)
 		return;
-	free(f->buf);
+	ext_free_all(f);
+	img_forget(f);
 	pthread_mutex_destroy(&f->wlock);
 	free(f);
 }
@@ -137,6 +243,8 @@ static void dirty_del(struct cache *c, struct cfile *f)
 	f->node->dirty--;
 }
 
+static struct cfile *img_of(struct cache *c, struct cnode *n);
+
 /* The sandbox's file changed under the node: cached views are old. */
 static void written(struct cache *c, struct cnode *n)
 {
@@ -144,58 +252,137 @@ static void written(struct cache *c, struct cnode *n)
 	content_drop(c, n);
 }
 
-/* Push f's buffer.  Caller holds f->wlock. */
-static int push_locked(struct cache *c, struct cfile *f)
+/*
+ * Before a push (wlock and c->lock held, img_of(f->node) == f): fill the
+ * gaps of up to CACHE_WB_GAP between extents from the image, so that the
+ * push writes one extent where the writes left several (a linker skips
+ * its alignment padding).  The bytes filled in are what the file holds
+ * there (our image says so), so writing them changes nothing else.
+ */
+static void img_fill_gaps(struct cfile *f)
 {
-	struct cache_io io;
-	char *buf;
-	size_t len, done = 0;
-	off_t off;
-	int rc;
+	size_t i = 0;
 
-	cache_lock(c);
-	buf = f->buf;
-	len = f->buf_len;
-	off = f->buf_off;
-	if (len) {
-		/* Taken out; the file stays on c->dirty until delivered. */
-		f->buf = NULL;
-		f->buf_len = 0;
+	while (i + 1 < f->next) {
+		struct wb_ext *a = &f->ext[i], *b = &f->ext[i + 1];
+		off_t gap_lo = a->off + (off_t)a->len, gap = b->off - gap_lo;
+		size_t len;
+
+		if (gap > (off_t)CACHE_WB_GAP ||
+		    f->buf_len + (size_t)gap > CACHE_WRITE_BUF) {
+			i++;
+			continue;
+		}
+		len = a->len + (size_t)gap + b->len;
+		if (a->cap < len) {
+			a->cap = len;
+			a->data = sbx_xrealloc(a->data, len);
+		}
+		memset(a->data + a->len, 0, (size_t)gap);
+		if (gap_lo < (off_t)f->img_base_len) {
+			off_t hi = b->off < (off_t)f->img_base_len
+					   ? b->off
+					   : (off_t)f->img_base_len;
+
+			memcpy(a->data + a->len, f->img_base + gap_lo,
+			       (size_t)(hi - gap_lo));
+		}
+		memcpy(a->data + a->len + gap, b->data, b->len);
+		a->len = len;
+		f->buf_len += (size_t)gap;
+		free(b->data);
+		memmove(f->ext + i + 1, f->ext + i + 2,
+			(f->next - i - 2) * sizeof(*f->ext));
+		f->next--;
 	}
-	cache_unlock(c);
-	if (!len)
-		return 0;
-	rc = wb_io_begin(c, f, &io);
-	while (rc == 0 && done < len) {
-		ssize_t n = c->inner->ops->write(c->inner, io.fh, buf + done,
-						 len - done,
-						 off + (off_t)done);
+}
+
+/*
+ * Write one extent through io; returns the bytes delivered (*rc set on
+ * failure).  No lock held.
+ */
+static size_t push_extent(struct cache *c, struct cache_io *io,
+			  const struct wb_ext *e, int *rc)
+{
+	size_t done = 0;
+
+	while (*rc == 0 && done < e->len) {
+		ssize_t n = c->inner->ops->write(c->inner, io->fh,
+						 e->data + done, e->len - done,
+						 e->off + (off_t)done);
 
 		if (n < 0)
-			rc = (int)n;
+			*rc = (int)n;
 		else if (n == 0)
-			rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
-					   "short write to the sandbox");
+			*rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
+					    "short write to the sandbox");
 		else
 			done += (size_t)n;
 	}
+	return done;
+}
+
+/*
+ * Push f's extents, in offset order, one write request each.  Caller holds
+ * f->wlock.
+ */
+static int push_locked(struct cache *c, struct cfile *f)
+{
+	struct cache_io io;
+	struct wb_ext *ext;
+	size_t next, i = 0, done = 0, sent = 0;
+	int rc;
+
+	cache_lock(c);
+	if (f->next > 1 && img_of(c, f->node) == f)
+		img_fill_gaps(f);
+	ext = f->ext;
+	next = f->next;
+	if (next) {
+		/* Taken out; the file stays on c->dirty until delivered.
+		 * The image goes with them: once pushed, the sandbox has the
+		 * file and its own attributes. */
+		f->ext = NULL;
+		f->next = f->ext_cap = 0;
+		f->buf_len = 0;
+		img_forget(f);
+	}
+	cache_unlock(c);
+	if (!next)
+		return 0;
+	rc = wb_io_begin(c, f, &io);
+	for (; rc == 0 && i < next; i++) {
+		done = push_extent(c, &io, &ext[i], &rc);
+		sent += done;
+		if (rc < 0)
+			break;
+	}
 	wb_io_end(c, &io);
 	cache_lock(c);
-	if (done)
+	if (sent)
 		written(c, f->node);
-	if (done == len) {
-		free(buf);
+	if (i == next) {
+		ext_free(ext, next);
 		dirty_del(c, f);
 	} else {
 		/*
-		 * Keep what did not get through; no write can have been
-		 * buffered meanwhile (the caller holds wlock).  Retried by the
-		 * next push; the flusher waits a full expiry first.
+		 * Keep what did not get through: extent i from `done` on and
+		 * the ones after it.  No write can have been buffered
+		 * meanwhile (the caller holds wlock).  Retried by the next
+		 * push; the flusher waits a full expiry first.
 		 */
-		memmove(buf, buf + done, len - done);
-		f->buf = buf;
-		f->buf_len = len - done;
-		f->buf_off = off + (off_t)done;
+		struct wb_ext *e = &ext[i];
+
+		memmove(e->data, e->data + done, e->len - done);
+		e->off += (off_t)done;
+		e->len -= done;
+		for (size_t j = 0; j < i; j++)
+			free(ext[j].data);
+		memmove(ext, ext + i, (next - i) * sizeof(*ext));
+		f->ext = ext;
+		f->next = f->ext_cap = next - i;
+		for (size_t j = 0; j < f->next; j++)
+			f->buf_len += ext[j].len;
 		f->dirty_since = cache_now();
 	}
 	cache_unlock(c);
@@ -288,12 +475,135 @@ int wb_push_all(struct cache *c)
 	return push_matching(c, NULL, NULL, NULL);
 }
 
+/*
+ * f's first unpushed byte is being buffered (c->lock held, f on c->dirty):
+ * take the local image if the file's whole content is known now -- its
+ * cached content valid and in memory (an empty file created here has an
+ * empty one, see c_create), no other descriptor holding unpushed bytes,
+ * and a healthy change stream to tell us if someone else changes it.
+ */
+static void img_take(struct cache *c, struct cfile *f)
+{
+	struct cnode *n = f->node;
+
+	img_forget(f);
+	if (n->dirty != 1 || !cache_healthy(c) || !S_ISREG(n->st.st_mode) ||
+	    !content_valid(n) || !n->content->data)
+		return;
+	f->img_base_len = n->content->len;
+	f->img_base = sbx_xmalloc(f->img_base_len ? f->img_base_len : 1);
+	memcpy(f->img_base, n->content->data, f->img_base_len);
+	f->img_size = (off_t)f->img_base_len;
+	f->img_st = n->st;
+	f->img_chg = n->chg;
+	f->img = true;
+}
+
+/* A write ending at end went into the image (c->lock held). */
+static void img_wrote(struct cfile *f, off_t end)
+{
+	struct timespec now;
+
+	if (end > f->img_size)
+		f->img_size = end;
+	/* What the kernel shows after a write: both times are now. */
+	clock_gettime(CLOCK_REALTIME, &now);
+	f->img_st.st_mtim = now;
+	f->img_st.st_ctim = now;
+}
+
+/* c->lock held: the dirty file of n whose local image is good, or NULL. */
+static struct cfile *img_of(struct cache *c, struct cnode *n)
+{
+	if (n->dirty != 1 || !n->st_valid || !cache_healthy(c))
+		return NULL;
+	for (struct cfile *f = c->dirty; f; f = f->dnext)
+		if (f->node == n)
+			return f->img && f->buf_len && f->img_chg == n->chg
+				       ? f
+				       : NULL;
+	return NULL;
+}
+
+bool wb_local_getattr(struct cache *c, struct cnode *n, struct stat *st)
+{
+	struct cfile *f;
+
+	cache_lock(c);
+	f = img_of(c, n);
+	if (f) {
+		*st = f->img_st;
+		st->st_size = f->img_size;
+		/* Not allocated yet; the sandbox will say once pushed. */
+		if ((off_t)st->st_blocks * 512 < f->img_size)
+			st->st_blocks = (f->img_size + 511) / 512;
+		st->st_nlink = tree_visible_nlink(n, st->st_nlink);
+	}
+	cache_unlock(c);
+	return f != NULL;
+}
+
+ssize_t wb_local_read(struct cache *c, struct cnode *n, void *buf,
+		      size_t size, off_t off)
+{
+	struct cfile *f;
+	off_t end;
+
+	if (off < 0)
+		return -1;
+	cache_lock(c);
+	f = img_of(c, n);
+	if (!f) {
+		cache_unlock(c);
+		return -1;
+	}
+	if (off >= f->img_size) {
+		cache_unlock(c);
+		return 0;
+	}
+	if ((off_t)size > f->img_size - off)
+		size = (size_t)(f->img_size - off);
+	end = off + (off_t)size;
+	/* The content it had, zeros past its end (holes read as zeros)... */
+	memset(buf, 0, size);
+	if (off < (off_t)f->img_base_len)
+		memcpy(buf, f->img_base + off,
+		       (size_t)((off_t)f->img_base_len < end
+					? (off_t)f->img_base_len - off
+					: end - off));
+	/* ...under our writes. */
+	for (size_t i = 0; i < f->next; i++) {
+		const struct wb_ext *e = &f->ext[i];
+		off_t lo = e->off > off ? e->off : off;
+		off_t hi = e->off + (off_t)e->len < end
+				   ? e->off + (off_t)e->len
+				   : end;
+
+		if (lo < hi)
+			memcpy((char *)buf + (lo - off), e->data + (lo - e->off),
+			       (size_t)(hi - lo));
+	}
+	cache_unlock(c);
+	return (ssize_t)size;
+}
+
+void wb_node_changed(struct cnode *n)
+{
+	n->chg++;
+	if (n->in_ring)
+		for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
+			a->chg++;
+}
+
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		 size_t size, off_t off)
 {
 	ssize_t ret = (ssize_t)size;
 	bool others = false;
 	int rc;
+
+	if (size == 0)
+		return 0;
 
 	/*
 	 * Writes through several descriptors of one file must reach the
@@ -329,9 +639,8 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		cache_unlock(c);
 		goto out;
 	}
-	if (f->buf_len &&
-	    (off != f->buf_off + (off_t)f->buf_len ||
-	     f->buf_len + size > CACHE_WRITE_BUF)) {
+	if (f->buf_len && (f->buf_len + size > CACHE_WRITE_BUF ||
+			   f->next >= CACHE_WB_EXTENTS)) {
 		rc = push_locked(c, f);
 		if (rc < 0) {
 			ret = rc;
@@ -340,14 +649,12 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 	}
 	cache_lock(c);
 	if (!f->buf_len) {
-		free(f->buf);
-		f->buf = sbx_xmalloc(CACHE_WRITE_BUF > size ? CACHE_WRITE_BUF
-							    : size);
-		f->buf_off = off;
 		dirty_add(c, f);
+		img_take(c, f);
 	}
-	memcpy(f->buf + f->buf_len, data, size);
-	f->buf_len += size;
+	ext_add(f, data, size, off);
+	if (f->img)
+		img_wrote(f, off + (off_t)size);
 	content_drop(c, f->node);
 	cache_unlock(c);
 out:
@@ -379,9 +686,8 @@ int wb_release(struct cache *c, struct cfile *f)
 				 "last close: %s",
 				 f->buf_len, p ? p : "?", why);
 			free(p);
-			free(f->buf);
-			f->buf = NULL;
-			f->buf_len = 0;
+			ext_free_all(f);
+			img_forget(f);
 			dirty_del(c, f);
 			written(c, f->node);
 		}

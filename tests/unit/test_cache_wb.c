@@ -1,0 +1,340 @@
+/*
+ * Write-back of the caching layer (fs/cache_wb.c) with scattered writes, as
+ * a linker writes its output: several extents per open file, pushed
+ * together at close, and reads and getattr of the file being written
+ * answered from its local image (its content known: created here, empty)
+ * without a round trip.  Over the in-memory sandbox (providers/mem), whose
+ * call counters show what reached the wrapped sandbox; driven through the
+ * ops table as the FUSE daemon drives it (test_cache_i.h).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "sbx/provider.h"
+#include "../../fs/cache.h"
+#include "../../providers/mem/pmem.h"
+#include "test_cache_i.h"
+
+/* The largest file the differential test makes. */
+#define MODEL_MAX (64u << 10)
+
+/* A fixed-seed generator, so a failure replays. */
+static uint32_t rnd(uint32_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 17;
+	*s ^= *s << 5;
+	return *s;
+}
+
+/* What the sandbox holds at path equals data[len]. */
+static bool holds(struct tc_env *e, const char *path, const void *data,
+		  size_t len)
+{
+	char *buf = malloc(len + 1);
+	size_t got = 0;
+	bool ok;
+
+	ok = buf && pmem_ext_read(e->mem, path, buf, len + 1, &got) == 0 &&
+	     got == len && memcmp(buf, data, len) == 0;
+	free(buf);
+	return ok;
+}
+
+/* The calls that would be round trips of a remote sandbox. */
+static unsigned long trips(struct tc_env *e)
+{
+	return pmem_calls(e->mem, "read") + pmem_calls(e->mem, "getattr") +
+	       pmem_calls(e->mem, "lookup") + pmem_calls(e->mem, "write") +
+	       pmem_calls(e->mem, "bulk") + pmem_calls(e->mem, "setattr");
+}
+
+/*
+ * Random writes, reads and getattrs of one open file, after the output was
+ * unlinked and created again with O_CREAT|O_TRUNC (what a linker does),
+ * checked against a local buffer driven by the same operations: offsets
+ * below `span`, writes up to `maxw` bytes.  Returns the file's size.
+ */
+static size_t random_ops(struct tc_env *e, struct sbx_node *n,
+			 struct sbx_file *fh, char *model, size_t span,
+			 size_t maxw, int ops, uint32_t seed)
+{
+	static char buf[1 << 20], data[1 << 20];
+	size_t size = 0;
+	struct stat st;
+
+	assert_true(maxw <= sizeof(data) && maxw < span);
+	for (int i = 0; i < ops; i++) {
+		uint32_t op = rnd(&seed) % 8;
+		size_t off = rnd(&seed) % (span - maxw);
+		size_t len = 1 + rnd(&seed) % maxw;
+
+		if (i == 1) {
+			/* The create's own event arrives after the first
+			 * write: expected, it is no news. */
+			assert_int_equal(e->ops->watch_sync(e->cache), 0);
+			pmem_calls_reset(e->mem);
+		}
+		if (op < 4 || i == 0) {
+			/* Writes land mostly in the first half: extents
+			 * touch and merge, and leave holes past them. */
+			if (op % 2)
+				off /= 2;
+			for (size_t j = 0; j < len; j++)
+				data[j] = (char)rnd(&seed);
+			assert_int_equal(e->ops->write(e->cache, fh, data, len,
+						       (off_t)off),
+					 (ssize_t)len);
+			memcpy(model + off, data, len);
+			if (off + len > size)
+				size = off + len;
+		} else if (op < 7) {
+			size_t want = off >= size ? 0
+				      : len < size - off ? len
+							 : size - off;
+
+			memset(buf, 0x55, len);
+			assert_int_equal(e->ops->read(e->cache, fh, buf, len,
+						      (off_t)off),
+					 (ssize_t)want);
+			assert_memory_equal(buf, model + off, want);
+		} else {
+			assert_int_equal(e->ops->getattr(e->cache, n, fh, &st),
+					 0);
+			assert_int_equal(st.st_size, (off_t)size);
+			assert_true(S_ISREG(st.st_mode));
+		}
+	}
+	return size;
+}
+
+/*
+ * The linker's pattern: small writes at scattered offsets, read back in
+ * between.  None of the reads and getattrs reaches the sandbox, and close
+ * pushes the extents as one write.
+ */
+static void test_scattered_writes_local(void **state)
+{
+	struct tc_env *e = *state;
+	static char model[MODEL_MAX];
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	size_t size;
+
+	assert_int_equal(pmem_ext_write(e->mem, "out", "old", 3), 0);
+	tc_settle(e);
+	assert_int_equal(tc_unlink(e, "out"), 0);
+	assert_int_equal(tc_create(e, "out", O_RDWR | O_TRUNC, &n, &fh), 0);
+	memset(model, 0, sizeof(model));
+	size = random_ops(e, n, fh, model, MODEL_MAX, 4096, 400, 12345);
+	/* Nothing reached the sandbox while the file was being written. */
+	assert_int_equal(trips(e), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	/* One push at close, one write: the gaps between the extents (none
+	 * wider than CACHE_WB_GAP) filled from the image. */
+	assert_int_equal(pmem_calls(e->mem, "write"), 1);
+	assert_int_equal(pmem_calls(e->mem, "read"), 0);
+	assert_true(holds(e, "out", model, size));
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * The same with large writes over 12 MiB: the 4 MiB buffer fills and is
+ * pushed while the file is written (the image goes with it, reads then
+ * ask the sandbox), gaps too wide to fill stay separate writes.  Every
+ * read still answers what the writes made.
+ */
+static void test_scattered_writes_large(void **state)
+{
+	struct tc_env *e = *state;
+	static char model[12u << 20];
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	size_t size;
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "big", O_RDWR | O_EXCL, &n, &fh), 0);
+	memset(model, 0, sizeof(model));
+	size = random_ops(e, n, fh, model, sizeof(model), 512u << 10, 300,
+			  777);
+	assert_true(pmem_calls(e->mem, "write") > 1);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(holds(e, "big", model, size));
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * An existing file whose content is cached (the bulk walk brought it):
+ * writes into it are read back from the content overlaid with them, and
+ * getattr tells the size they made, without a round trip.
+ */
+static void test_cached_content_overlaid(void **state)
+{
+	struct tc_env *e = *state;
+	const char *was = "0123456789abcdef";
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[32];
+
+	assert_int_equal(pmem_ext_write(e->mem, "c", was, 16), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "c", &n, &st), 0);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->write(e->cache, fh, "XY", 2, 4), 2);
+	assert_int_equal(e->ops->write(e->cache, fh, "end", 3, 18), 3);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 2), 19);
+	assert_memory_equal(buf, "23XY6789abcdef\0\0end", 19);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &st), 0);
+	assert_int_equal(st.st_size, 21);
+	assert_int_equal(trips(e), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 1);
+	assert_true(holds(e, "c", "0123XY6789abcdef\0\0end", 21));
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * Someone else writes the file in the sandbox between our write and our
+ * read: the image is not the file any more, so the read pushes and asks.
+ */
+static void test_event_between_write_and_read(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[32];
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "f", O_RDWR | O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
+	assert_int_equal(e->ops->write(e->cache, fh, "!", 1, 20), 1);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 21);
+	assert_memory_equal(buf, "hello\0\0\0\0\0", 10);
+	assert_int_equal(trips(e), 0);
+
+	assert_int_equal(pmem_ext_pwrite(e->mem, "f", "XY", 2, 8), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 21);
+	assert_memory_equal(buf, "hello\0\0\0XY", 10);
+	assert_int_equal(buf[20], '!');
+	assert_true(pmem_calls(e->mem, "write") >= 1);
+	assert_true(pmem_calls(e->mem, "read") >= 1);
+	/* The next write starts without an image: getattr asks too. */
+	assert_int_equal(e->ops->write(e->cache, fh, "Z", 1, 30), 1);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &st), 0);
+	assert_int_equal(st.st_size, 31);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 1);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
+/* Fail the second write call from now on (the hook runs before faults). */
+static int write_calls;
+
+static void fail_second_write(const char *op, const char *path, void *p)
+{
+	struct tc_env *e = p;
+
+	(void)path;
+	if (strcmp(op, "write") == 0 && ++write_calls == 2)
+		assert_int_equal(pmem_fail(e->mem, "write", -ENOSPC, 1), 0);
+}
+
+/*
+ * A push that fails, at its first extent or after some got through, keeps
+ * every byte not delivered; fsync and close report the error, and the
+ * next push delivers them.
+ */
+static void test_push_failure_keeps_extents(void **state)
+{
+	struct tc_env *e = *state;
+	/* Gaps wider than CACHE_WB_GAP: three extents, three writes. */
+	static char want[200004];
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	tc_settle(e);
+	memset(want, 0, sizeof(want));
+	memcpy(want, "AAAA", 4);
+	memcpy(want + 100000, "BBBB", 4);
+	memcpy(want + 200000, "CCCC", 4);
+	assert_int_equal(tc_create(e, "g", O_RDWR | O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "CCCC", 4, 200000), 4);
+	assert_int_equal(e->ops->write(e->cache, fh, "AAAA", 4, 0), 4);
+	assert_int_equal(e->ops->write(e->cache, fh, "BBBB", 4, 100000), 4);
+
+	/* The first extent fails: nothing lost. */
+	assert_int_equal(pmem_fail(e->mem, "write", -ENOSPC, 1), 0);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), -ENOSPC);
+	/* The second fails: the first is in, the other two kept. */
+	write_calls = 0;
+	pmem_set_hook(e->mem, fail_second_write, e);
+	assert_int_equal(e->ops->flush(e->cache, fh), -ENOSPC);
+	pmem_set_hook(e->mem, NULL, NULL);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	assert_true(holds(e, "g", want, sizeof(want)));
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * Extents merge when they touch or overlap, the later bytes winning; the
+ * pushed file is what the writes made.
+ */
+static void test_extents_merge(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "m", O_RDWR | O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "cc", 2, 4), 2);
+	assert_int_equal(e->ops->write(e->cache, fh, "aa", 2, 0), 2);
+	assert_int_equal(e->ops->write(e->cache, fh, "ee", 2, 8), 2);
+	/* Touches the first, overlaps the second, bridges to the third. */
+	assert_int_equal(e->ops->write(e->cache, fh, "bbbCdd", 6, 2), 6);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 1);
+	assert_true(holds(e, "m", "aabbbCddee", 10));
+	e->ops->forget(e->cache, n);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_scattered_writes_local,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_scattered_writes_large,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_cached_content_overlaid,
+						tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_event_between_write_and_read, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_push_failure_keeps_extents, tc_setup, tc_teardown),
+		cmocka_unit_test_setup_teardown(test_extents_merge, tc_setup,
+						tc_teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
