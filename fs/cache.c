@@ -589,8 +589,13 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
 	struct cache_io io;
+	/* The buffered bytes and the fsync in one exchange when they fit. */
+	int rc = wb_push_fsync(c, f, datasync);
+
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
 	/* msync write-back may have come through another open file. */
-	int rc = wb_push_node(c, f->node);
+	rc = wb_push_node(c, f->node);
 	if (rc == 0)
 		rc = wb_io_begin(c, f, &io);
 	if (rc == 0) {

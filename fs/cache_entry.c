@@ -16,19 +16,86 @@
 #include "sbx/xmalloc.h"
 #include "cache_i.h"
 
+/* ---- attributes on the side (cache_i.h) ---------------------------------- */
+
+static __thread struct side_call tl_side;
+
+struct side_call *side_tl(void)
+{
+	return &tl_side;
+}
+
+void side_begin(struct cache *c, struct side_call *sc, struct cnode *dir,
+		struct cnode *dir2)
+{
+	memset(sc, 0, sizeof(*sc));
+	sc->dirs[0] = dir;
+	sc->dirs[1] = dir2;
+	cache_lock(c);
+	for (int i = 0; i < 2; i++)
+		sc->dir_time[i] = sc->dirs[i] && sc->dirs[i]->st_valid
+					  ? sc->dirs[i]->st_time
+					  : -1;
+	sc->events = c->events;
+	sc->gen = ++c->side_gen;
+	sc->alone = c->side_busy++ == 0;
+	cache_unlock(c);
+	sbx_side_arm(&sc->side);
+}
+
+void side_end(struct cache *c, struct side_call *sc)
+{
+	sbx_side_arm(NULL);
+	cache_lock(c);
+	c->side_busy--;
+	sc->ended = true;
+	cache_unlock(c);
+}
+
+bool side_take_locked(struct cache *c, struct side_call *sc)
+{
+	bool ok = sc->ended && sc->alone && c->side_gen == sc->gen &&
+		  (sc->dirs[0] || c->events == sc->events);
+
+	sc->ended = false;
+	return ok;
+}
+
+/*
+ * c->lock held: directory dir (sc->dirs[i]) changed with an entry in it.
+ * Use the attributes the call handed back (`has`, `st`) when it may (see
+ * struct side_call), else let the next getattr fetch them.
+ */
+static void dir_changed(struct cache *c, struct side_call *sc, bool ok,
+			int i, struct cnode *dir, bool has,
+			const struct stat *st)
+{
+	if (ok && has && sc->dirs[i] == dir && dir->slot == S_PRESENT &&
+	    dir->st_valid &&
+	    dir->st_time == sc->dir_time[i] && dir->st.st_ino == st->st_ino &&
+	    S_ISDIR(st->st_mode))
+		tree_refresh_st(c, dir, st);
+	else
+		dir->st_valid = false;
+}
+
 /*
  * After an inner call created `name` in dir with attributes st: record the
- * entry, and note that dir itself changed.
+ * entry, and note that dir itself changed (with the attributes the call
+ * handed back on the side when it ran under EXPECTING).
  */
 struct cnode *entry_created(struct cache *c, struct cnode *dir,
 			    const char *name, const struct stat *st)
 {
+	struct side_call *sc = side_tl();
 	struct cnode *k;
+	bool ok;
 
 	cache_lock(c);
+	ok = side_take_locked(c, sc);
 	k = tree_name_st(c, dir, name, st);
 	content_drop(c, k);
-	dir->st_valid = false;
+	dir_changed(c, sc, ok, 0, dir, sc->side.has_dir, &sc->side.dir);
 	cache_unlock(c);
 	return k;
 }
@@ -163,9 +230,12 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 /* After a name vanished from dir through us. */
 static void removed(struct cache *c, struct cnode *dir, const char *name)
 {
+	struct side_call *sc = side_tl();
 	struct cnode *k;
+	bool ok;
 
 	cache_lock(c);
+	ok = side_take_locked(c, sc);
 	k = tree_kid_find(dir, name);
 	if (k) {
 		k->slot = S_ABSENT;
@@ -173,7 +243,7 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 		tree_invalidate_file(k);
 		content_drop(c, k);
 	}
-	dir->st_valid = false;
+	dir_changed(c, sc, ok, 0, dir, sc->side.has_dir, &sc->side.dir);
 	cache_unlock(c);
 }
 
@@ -221,7 +291,9 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct cache *c = CACHE(sb);
 	struct cnode *from = CNODE(parent), *to = CNODE(newparent), *a, *b;
 	struct sbx_node *fi = NULL, *ti = NULL;
+	struct side_call sc = { .ended = false };
 	char *fp, *tp;
+	bool ok;
 	int rc;
 
 	rc = cache_check_name(name);
@@ -267,8 +339,10 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 			e1 = change_expect(c, from, name);
 			e2 = change_expect(c, to, newname);
 		}
+		side_begin(c, &sc, from, to != from ? to : NULL);
 		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
 					   flags);
+		side_end(c, &sc);
 		if (rc < 0) {
 			change_expect_cancel(c, e1);
 			change_expect_cancel(c, e2);
@@ -284,8 +358,11 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	cache_lock(c);
 	a = tree_kid_find(from, name);
 	b = tree_kid_find(to, newname);
-	from->st_valid = false;
-	to->st_valid = false;
+	ok = side_take_locked(c, &sc);
+	dir_changed(c, &sc, ok, 0, from, sc.side.has_dir, &sc.side.dir);
+	if (to != from)
+		dir_changed(c, &sc, ok, 1, to, sc.side.has_newdir,
+			    &sc.side.newdir);
 	if (flags & RENAME_EXCHANGE) {
 		if (a && b && a != b) {
 			tree_kid_unlink(from, a);

@@ -137,20 +137,31 @@ static void dirty_del(struct cache *c, struct cfile *f)
 	f->node->dirty--;
 }
 
-/* The sandbox's file changed under the node: cached views are old. */
-static void written(struct cache *c, struct cnode *n)
+/*
+ * The sandbox's file changed under the node: cached views are old.  `st`
+ * (may be NULL): its attributes after the write, handed back on the side
+ * and usable (struct side_call), which spares the next getattr a fetch.
+ */
+static void written(struct cache *c, struct cnode *n, const struct stat *st)
 {
 	tree_invalidate_file(n);
+	/* Only under a name known to be the file's (an event may have
+	 * made it UNKNOWN: a refresh would make it PRESENT again). */
+	if (st && n->slot == S_PRESENT && st->st_ino == n->st.st_ino &&
+	    S_ISREG(st->st_mode))
+		tree_refresh_st(c, n, st);
 	content_drop(c, n);
 }
 
 /* Push f's buffer.  Caller holds f->wlock. */
 static int push_locked(struct cache *c, struct cfile *f)
 {
+	struct side_call sc;
 	struct cache_io io;
 	char *buf;
 	size_t len, done = 0;
 	off_t off;
+	bool ok;
 	int rc;
 
 	cache_lock(c);
@@ -166,6 +177,7 @@ static int push_locked(struct cache *c, struct cfile *f)
 	if (!len)
 		return 0;
 	rc = wb_io_begin(c, f, &io);
+	side_begin(c, &sc, NULL, NULL);
 	while (rc == 0 && done < len) {
 		ssize_t n = c->inner->ops->write(c->inner, io.fh, buf + done,
 						 len - done,
@@ -179,10 +191,12 @@ static int push_locked(struct cache *c, struct cfile *f)
 		else
 			done += (size_t)n;
 	}
+	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
+	ok = side_take_locked(c, &sc) && done == len && sc.side.has_file;
 	if (done)
-		written(c, f->node);
+		written(c, f->node, ok ? &sc.side.file : NULL);
 	if (done == len) {
 		free(buf);
 		dirty_del(c, f);
@@ -200,6 +214,64 @@ static int push_locked(struct cache *c, struct cfile *f)
 	}
 	cache_unlock(c);
 	return rc;
+}
+
+int wb_push_fsync(struct cache *c, struct cfile *f, bool datasync)
+{
+	struct cnode *n = f->node;
+	struct side_call sc;
+	struct cache_io io;
+	struct stat st;
+	char *buf = NULL;
+	size_t len = 0;
+	off_t off = 0;
+	bool ok;
+	int rc;
+
+	if (!c->inner->ops->write_fsync || (f->flags & O_APPEND))
+		return 0;
+	pthread_mutex_lock(&f->wlock);
+	cache_lock(c);
+	/* Only when f holds the node's only unpushed bytes. */
+	if (f->buf_len && f->on_dirty && n->dirty == 1) {
+		buf = f->buf;
+		len = f->buf_len;
+		off = f->buf_off;
+		f->buf = NULL;
+		f->buf_len = 0;
+	}
+	cache_unlock(c);
+	if (!len) {
+		pthread_mutex_unlock(&f->wlock);
+		return 0;
+	}
+	rc = wb_io_begin(c, f, &io);
+	side_begin(c, &sc, NULL, NULL);
+	if (rc == 0)
+		rc = c->inner->ops->write_fsync(c->inner, io.fh, buf, len, off,
+						datasync, &st);
+	side_end(c, &sc);
+	wb_io_end(c, &io);
+	cache_lock(c);
+	ok = side_take_locked(c, &sc);
+	if (rc == 0) {
+		written(c, n, ok ? &st : NULL);
+		free(buf);
+		dirty_del(c, f);
+	} else {
+		/* All or nothing: the bytes stay for the next push. */
+		f->buf = buf;
+		f->buf_len = len;
+		f->buf_off = off;
+		f->dirty_since = cache_now();
+	}
+	cache_unlock(c);
+	pthread_mutex_unlock(&f->wlock);
+	if (rc == -E2BIG) {
+		sbx_error_clear();
+		return 0;
+	}
+	return rc < 0 ? rc : 1;
 }
 
 int wb_push(struct cache *c, struct cfile *f)
@@ -325,7 +397,7 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		if (rc == 0)
 			wb_io_end(c, &io);
 		cache_lock(c);
-		written(c, f->node);
+		written(c, f->node, NULL);
 		cache_unlock(c);
 		goto out;
 	}
@@ -383,7 +455,7 @@ int wb_release(struct cache *c, struct cfile *f)
 			f->buf = NULL;
 			f->buf_len = 0;
 			dirty_del(c, f);
-			written(c, f->node);
+			written(c, f->node, NULL);
 		}
 		cache_unlock(c);
 		pthread_mutex_unlock(&f->wlock);

@@ -433,6 +433,18 @@ struct sbx_sandbox_ops {
 	/* close(2) of one descriptor of the open file: push buffered data. */
 	int (*flush)(struct sbx_sandbox *sb, struct sbx_file *fh);
 	int (*fsync)(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
+	/*
+	 * Optional: write `size` bytes at `off` (at the end with O_APPEND),
+	 * then fsync, in one exchange, and fill *st with the file's
+	 * attributes after both.  All or nothing: 0 when every byte was
+	 * written and synced, else -errno (the caller keeps the bytes and
+	 * may write them again; a write at an offset is idempotent).
+	 * -E2BIG when `size` is more than one exchange carries (the caller
+	 * then writes and fsyncs separately).  NULL: write + fsync.
+	 */
+	int (*write_fsync)(struct sbx_sandbox *sb, struct sbx_file *fh,
+			   const void *buf, size_t size, off_t off,
+			   bool datasync, struct stat *st);
 	/* Last reference to the open file is gone; frees fh. */
 	int (*release)(struct sbx_sandbox *sb, struct sbx_file *fh);
 
@@ -618,6 +630,40 @@ struct sbx_caller {
 void sbx_caller_set(const struct sbx_caller *c);
 /* The calling thread's caller, or NULL.  Valid until the next set. */
 const struct sbx_caller *sbx_caller_get(void);
+
+/*
+ * Attributes on the side (optional both ways).  A remote provider learns
+ * the new attributes of the directories an entry operation changed, and of
+ * a file it wrote, in the same exchange (one batch, the write's answer);
+ * handing them back spares the caller a stat round trip.  Around mknod,
+ * mkdir, symlink, link, create, unlink, rmdir, rename and write, a caller
+ * that can use them (the caching layer) arms a zeroed struct sbx_side on
+ * its thread with sbx_side_arm(); a provider that finds one armed
+ * (sbx_side_get() != NULL) during such an operation may fill what it knows
+ * and set the matching has_* flag, and must leave the rest alone.
+ * Nothing is filled on failure.  Like struct sbx_caller this is a
+ * thread-local so the ops table stays unchanged: providers that ignore it
+ * (local, decorators) keep working, the caller then asks again.
+ *
+ *   dir     entry operations: the directory the entry was made in or
+ *           removed from (rename: the old name's, link: the new name's),
+ *           taken after the change;
+ *   newdir  rename into another directory: the new name's directory;
+ *   file    write: the written file after the write (the last chunk's).
+ */
+struct sbx_side {
+	struct stat dir, newdir, file;
+	bool has_dir, has_newdir, has_file;
+};
+
+/*
+ * Arm `s` (the caller's, zeroed) for the calling thread's next operations;
+ * NULL disarms.  The caller keeps ownership and disarms before `s` goes
+ * away.  Thread-local, like sbx_caller_set().
+ */
+void sbx_side_arm(struct sbx_side *s);
+/* The calling thread's armed struct sbx_side, or NULL. */
+struct sbx_side *sbx_side_get(void);
 
 /* Free a sandbox handle through its ops; accepts NULL. */
 void sbx_sandbox_free(struct sbx_sandbox *sb);

@@ -250,6 +250,8 @@ static int m_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (rc == 0) {
 		pthread_mutex_lock(&s->lock);
 		rc = pmem_rename_locked(s, from, to, flags);
+		if (rc == 0)
+			pmem_side_locked(s, OP_RENAME, from, to);
 		pthread_mutex_unlock(&s->lock);
 	}
 	free(from);
@@ -445,6 +447,7 @@ static const struct sbx_sandbox_ops pmem_ops = {
 	.write = pmem_op_write,
 	.flush = pmem_op_flush,
 	.fsync = pmem_op_fsync,
+	.write_fsync = pmem_op_write_fsync,
 	.release = pmem_op_release,
 	.fallocate = pmem_op_fallocate,
 	.lseek = pmem_op_lseek,

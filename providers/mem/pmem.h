@@ -38,7 +38,12 @@
  *    file_fd, copy_file_range, xattrs, exec_start and node_stale (NULL:
  *    callers get -ENOSYS/-EOPNOTSUPP as usual).  fallocate supports mode 0
  *    only (-EOPNOTSUPP otherwise); lseek SEEK_DATA/SEEK_HOLE (no holes).
- *    flush and syncfs have nothing to push and return 0.  readdir takes a
+ *    flush and syncfs have nothing to push and return 0.  write_fsync
+ *    writes all or fails (-EIO for a short write) and has no size limit.
+ *    Attributes on the side (struct sbx_side, sbx/provider.h): when the
+ *    calling thread armed one, a successful entry operation fills the
+ *    entry's directory (rename: both) and a write the file, taken under
+ *    the tree lock right after the change.  readdir takes a
  *    snapshot of the listing at the first call and whenever it is asked to
  *    start at cookie 0; cookies are 1 ".", 2 "..", then 3 + index.  bulk
  *    walks breadth first: each directory's DIR record, then FILE records

@@ -190,6 +190,39 @@ ssize_t pmem_op_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 	return rc < 0 ? rc : a.n;
 }
 
+struct wsync_args {
+	struct io_args io;
+	struct stat *st;
+};
+
+/* write_fsync: the whole write, then the file's attributes. */
+static int write_fsync_fn(struct pmem *s, const char *path, void *arg)
+{
+	struct wsync_args *a = arg;
+	int rc = write_fn(s, path, &a->io);
+
+	if (rc == 0 && (size_t)a->io.n != a->io.size)
+		rc = sbx_error_set(SBX_ERR_REMOTE, -EIO, "%s: short write",
+				   path);
+	return rc < 0 ? rc : pmem_stat_locked(s, path, a->st);
+}
+
+int pmem_op_write_fsync(struct sbx_sandbox *sb, struct sbx_file *fh,
+			const void *buf, size_t size, off_t off, bool datasync,
+			struct stat *st)
+{
+	struct pfile *f = PFILE(fh);
+	struct wsync_args a = {
+		.io = { .cbuf = buf, .size = size, .off = off,
+			.flags = f->flags },
+		.st = st,
+	};
+
+	(void)datasync;
+	return pmem_path_op(PMEM(sb), OP_WRITE_FSYNC, f->path, write_fsync_fn,
+			    &a);
+}
+
 int pmem_op_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 {
 	return pmem_enter(PMEM(sb), OP_FLUSH, PFILE(fh)->path);

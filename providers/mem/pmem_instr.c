@@ -29,6 +29,7 @@ static const char *const op_names[OP_COUNT] = {
 	"release", "fallocate", "lseek", "opendir", "readdir",
 	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
 	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
+	"write_fsync",
 };
 
 static int op_index(const char *name)
@@ -98,8 +99,50 @@ int pmem_path_op(struct pmem *s, enum op op, const char *path,
 		return rc;
 	pthread_mutex_lock(&s->lock);
 	rc = fn(s, path, arg);
+	if (rc == 0)
+		pmem_side_locked(s, op, path, NULL);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
+}
+
+/* Stat the directory part of path into *st; true when it worked. */
+static bool stat_parent_locked(struct pmem *s, const char *path,
+			       struct stat *st)
+{
+	const char *slash = strrchr(path, '/');
+	char *dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
+			  : sbx_xstrdup("");
+	bool ok = pmem_stat_locked(s, dir, st) == 0;
+
+	free(dir);
+	if (!ok)
+		sbx_error_clear();
+	return ok;
+}
+
+void pmem_side_locked(struct pmem *s, enum op op, const char *path,
+		      const char *newpath)
+{
+	struct sbx_side *side = sbx_side_get();
+
+	if (!side)
+		return;
+	switch (op) {
+	case OP_MKNOD: case OP_MKDIR: case OP_SYMLINK: case OP_LINK:
+	case OP_UNLINK: case OP_RMDIR: case OP_CREATE: case OP_RENAME:
+		side->has_dir = stat_parent_locked(s, path, &side->dir);
+		if (newpath)
+			side->has_newdir =
+				stat_parent_locked(s, newpath, &side->newdir);
+		break;
+	case OP_WRITE: case OP_WRITE_FSYNC:
+		side->has_file = pmem_stat_locked(s, path, &side->file) == 0;
+		if (!side->has_file)
+			sbx_error_clear();
+		break;
+	default:
+		break;
+	}
 }
 
 int pmem_child_op(struct pmem *s, enum op op, struct sbx_node *parent,

@@ -118,13 +118,93 @@ int premote_batch1(struct premote_sandbox *s, const struct sbx_batch_op *op,
 	return premote_fs_errno(rc);
 }
 
+/* The directory part of `path` ("" for a name in the root), malloc'd. */
+static char *parent_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	return slash ? sbx_xstrndup(path, (size_t)(slash - path))
+		     : sbx_xstrdup("");
+}
+
+/*
+ * Run `op` like premote_batch1(), and when the calling thread armed a
+ * struct sbx_side (see sbx/provider.h), stat the directories `dir` and
+ * `newdir` (either may be NULL) in the same batch, after the op, into
+ * side->dir / side->newdir.  A failed stat only leaves its flag unset.
+ */
+static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
+		      const char *dir, const char *newdir, cJSON **res)
+{
+	struct sbx_side *side = sbx_side_get();
+	struct sbx_batch_op ops[3] = { *op };
+	struct stat *dst[3] = { NULL };
+	bool *flag[3] = { NULL };
+	cJSON *req, *ans = NULL, *r = NULL;
+	size_t n = 1;
+	char ctx[300];
+	int rc;
+
+	if (!side || !dir)
+		return premote_batch1(s, op, res);
+	if (res)
+		*res = NULL;
+	ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+					.path = (char *)dir };
+	dst[n] = &side->dir;
+	flag[n++] = &side->has_dir;
+	if (newdir && strcmp(newdir, dir) != 0) {
+		ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+						.path = (char *)newdir };
+		dst[n] = &side->newdir;
+		flag[n++] = &side->has_newdir;
+	}
+	req = sbx_batch_encode(ops, n, false);
+	snprintf(ctx, sizeof(ctx), "%s %s", sbx_batch_kind_name(op->kind),
+		 op->path ? op->path : "");
+	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
+			       false, &ans);
+	cJSON_Delete(req);
+	if (rc < 0) {
+		cJSON_Delete(ans);
+		return premote_fs_errno(rc);
+	}
+	/* Results are detached from the end: each take shrinks the array. */
+	for (size_t i = n; i-- > 1;) {
+		struct stat st;
+
+		if (sbx_batch_result_take(ans, i + 1, i, ctx, &r) == 0 &&
+		    premote_get_st(s, r, "st", &st) == 0) {
+			*dst[i] = st;
+			*flag[i] = true;
+		}
+		sbx_error_clear();
+		cJSON_Delete(r);
+		r = NULL;
+	}
+	rc = sbx_batch_result_take(ans, 1, 0, ctx, &r);
+	if (rc < 0) {
+		/* The op failed: the stats say nothing the caller may use. */
+		side->has_dir = side->has_newdir = false;
+	}
+	if (rc == 0 && res)
+		*res = r;
+	else
+		cJSON_Delete(r);
+	cJSON_Delete(ans);
+	return premote_fs_errno(rc);
+}
+
 /* Run an op whose result carries the object's "st" (stat `path` when an
- * older agent left it out). */
+ * older agent left it out); the parent's attributes on the side. */
 static int batch_st(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		    const char *path, struct stat *st)
 {
 	cJSON *r = NULL;
-	int rc = premote_batch1(s, op, &r);
+	char *dir = parent_of(path);
+	int rc = batch_side(s, op, dir, NULL, &r);
+
+	free(dir);
 
 	if (rc == 0) {
 		if (cJSON_GetObjectItemCaseSensitive(r, "st"))
@@ -372,8 +452,10 @@ static int remove_entry(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct premote_sandbox *s = RSB(sb);
 	struct sbx_batch_op op = { .kind = kind,
 				   .path = premote_cpath(s, parent, name) };
-	int rc = premote_batch1(s, &op, NULL);
+	char *dir = parent_of(op.path);
+	int rc = batch_side(s, &op, dir, NULL, NULL);
 
+	free(dir);
 	sbx_batch_op_fini(&op);
 	return rc;
 }
@@ -396,6 +478,7 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct premote_sandbox *s = RSB(sb);
 	struct sbx_batch_op op = { .kind = SBX_BATCH_RENAME };
+	char *dir, *newdir;
 	int rc;
 
 	if (flags & ~(unsigned)(RENAME_EXCHANGE | RENAME_NOREPLACE))
@@ -407,7 +490,11 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	/* The wire carries one of the two: exchange wins. */
 	op.flags = (flags & RENAME_EXCHANGE) ? RENAME_EXCHANGE
 					     : flags & RENAME_NOREPLACE;
-	rc = premote_batch1(s, &op, NULL);
+	dir = parent_of(op.path);
+	newdir = parent_of(op.newpath);
+	rc = batch_side(s, &op, dir, newdir, NULL);
+	free(dir);
+	free(newdir);
 	if (rc == 0) {
 		pthread_mutex_lock(&s->nodes_lock);
 		premote_move_locked(s, op.path, op.newpath,
@@ -563,6 +650,20 @@ static ssize_t write_chunk(struct premote_sandbox *s, const char *path,
 		goto out;
 	}
 	rc = (ssize_t)w->valuedouble;
+	if (sbx_side_get()) {
+		struct sbx_side *side = sbx_side_get();
+		struct stat st;
+
+		/* The file after this chunk: older agents send no "st". */
+		if (cJSON_GetObjectItemCaseSensitive(j, "st") &&
+		    premote_get_st(s, j, "st", &st) == 0) {
+			side->file = st;
+			side->has_file = true;
+		} else {
+			side->has_file = false;
+			sbx_error_clear();
+		}
+	}
 out:
 	cJSON_Delete(j);
 	premote_resp_fini(&resp);
@@ -628,6 +729,78 @@ int premote_fsync_path(struct premote_sandbox *s, struct premote_node *n,
 static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 {
 	return premote_fsync_path(RSB(sb), RFILE(fh)->node, datasync);
+}
+
+/*
+ * The most r_write_fsync() sends: the batch is JSON (at most 1 MiB, the
+ * agent's limit) and the data goes in it as base64 (4/3 larger).
+ */
+#define WRITE_FSYNC_MAX ((size_t)512 << 10)
+
+/* The result `i` of a batch of `n` (taken from the end, see batch_side). */
+static int take_result(cJSON *ans, size_t i, const char *ctx, cJSON **r)
+{
+	return sbx_batch_result_take(ans, i + 1, i, ctx, r);
+}
+
+/*
+ * One batch {write, fsync, stat}, stopping at the first error: the stat
+ * gives the file's attributes after both (batch writes answer no "st").
+ */
+static int r_write_fsync(struct sbx_sandbox *sb, struct sbx_file *fh,
+			 const void *buf, size_t size, off_t off,
+			 bool datasync, struct stat *st)
+{
+	struct premote_sandbox *s = RSB(sb);
+	struct premote_file *f = RFILE(fh);
+	char *path, ctx[300];
+	cJSON *req, *ans = NULL, *r[3] = { NULL, NULL, NULL };
+	const cJSON *w;
+	int rc, rcs[3];
+
+	if (size > WRITE_FSYNC_MAX || (f->flags & O_APPEND))
+		return sbx_error_set(SBX_ERR_OS, -E2BIG,
+				     "write+fsync: %zu bytes do not fit a "
+				     "batch", size);
+	if (off < 0)
+		return sbx_error_set(SBX_ERR_OS, -EINVAL, "write: offset < 0");
+	path = premote_npath(s, (struct sbx_node *)f->node);
+	{
+		struct sbx_batch_op ops[3] = {
+			{ .kind = SBX_BATCH_WRITE, .path = path,
+			  .data = (unsigned char *)buf, .data_len = size,
+			  .offset = off },
+			{ .kind = SBX_BATCH_FSYNC, .path = path,
+			  .datasync = datasync },
+			{ .kind = SBX_BATCH_STAT, .path = path },
+		};
+
+		req = sbx_batch_encode(ops, 3, true);
+	}
+	snprintf(ctx, sizeof(ctx), "write+fsync %s", path);
+	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
+			       false, &ans);
+	cJSON_Delete(req);
+	if (rc == 0) {
+		/* Taken from the end; the first error is the one that counts
+		 * (the ops after it answer ECANCELED). */
+		for (size_t i = 3; i-- > 0;)
+			rcs[i] = take_result(ans, i, ctx, &r[i]);
+		rc = rcs[0] < 0 ? rcs[0] : rcs[1] < 0 ? rcs[1] : rcs[2];
+		if (rc == 0) {
+			w = cJSON_GetObjectItemCaseSensitive(r[0], "written");
+			if (!cJSON_IsNumber(w) || w->valuedouble != (double)size)
+				rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
+						   "%s: short write", ctx);
+		}
+		if (rc == 0)
+			rc = premote_get_st(s, r[2], "st", st);
+	}
+	for (size_t i = 0; i < 3; i++)
+		cJSON_Delete(r[i]);
+	cJSON_Delete(ans);
+	free(path);
+	return premote_fs_errno(rc);
 }
 
 static int r_release(struct sbx_sandbox *sb, struct sbx_file *fh)
@@ -764,6 +937,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.write = r_write,
 	.flush = r_flush,
 	.fsync = r_fsync,
+	.write_fsync = r_write_fsync,
 	.release = r_release,
 	.fallocate = r_fallocate,
 	.lseek = r_lseek,

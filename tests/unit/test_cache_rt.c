@@ -1,0 +1,410 @@
+/*
+ * Round trips the caching layer (fs/cache.c) saves with attributes handed
+ * back on the side (struct sbx_side, sbx/provider.h) and with
+ * write_fsync, over the in-memory sandbox (providers/mem), which fills
+ * them the way the remote provider does (a stat in the same batch, the
+ * write's answer).  Inner calls are counted with pmem_calls().
+ *
+ * What is checked: after an entry operation (create, mkdir, unlink,
+ * rename) a getattr of its directory, and after a push a getattr of the
+ * file, is answered without an inner call and gives the sandbox's
+ * attributes -- unless a change event was applied while the call was out
+ * (then the attributes are fetched again).  fsync of buffered bytes is one
+ * inner call; a failed one keeps the bytes and reports the error.
+ *
+ * The change stream is held (pmem_watch_hold) around the operations so
+ * that our own entry events arrive after the call, as they usually do
+ * from the agent; the cache drops them as expected.  The DATA event of
+ * our own write is not expected (fs/cache_change.c): once it arrives the
+ * file's attributes are fetched again, so the write checks look before.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "sbx/provider.h"
+#include "../../fs/cache.h"
+#include "../../providers/mem/pmem.h"
+
+struct env {
+	struct sbx_sandbox *mem;
+	struct sbx_sandbox *cache;
+	const struct sbx_sandbox_ops *ops;
+	struct sbx_node *root;
+	struct sbx_node *dir; /* "d", made through the cache */
+};
+
+static void on_forward(const struct sbx_change *c, void *payload)
+{
+	(void)c;
+	(void)payload;
+}
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	struct stat st;
+
+	assert_non_null(e);
+	assert_int_equal(pmem_new(&e->mem, NULL), 0);
+	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
+	e->ops = e->cache->ops;
+	e->root = e->ops->root(e->cache);
+	assert_int_equal(e->ops->watch_start(e->cache, on_forward, NULL), 0);
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, "d", 0755, &e->dir,
+				       &st),
+			 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+
+	pmem_set_hook(e->mem, NULL, NULL);
+	e->ops->forget(e->cache, e->dir);
+	sbx_sandbox_free(e->cache);
+	sbx_sandbox_free(e->mem);
+	free(e);
+	return 0;
+}
+
+/* Hold our own events back until the operation is recorded. */
+static void hold(struct env *e)
+{
+	pmem_watch_hold(e->mem, true);
+}
+
+/* Deliver everything (the exec barrier), then count afresh. */
+static void settle(struct env *e)
+{
+	pmem_watch_hold(e->mem, false);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	pmem_calls_reset(e->mem);
+}
+
+/* Inner calls that fetch metadata. */
+static unsigned long fetches(struct env *e)
+{
+	return pmem_calls(e->mem, "getattr") + pmem_calls(e->mem, "lookup") +
+	       pmem_calls(e->mem, "bulk") + pmem_calls(e->mem, "readdir");
+}
+
+/* getattr of node through the cache equals lstat of path in the sandbox. */
+static void same_st(struct env *e, struct sbx_node *node, const char *path)
+{
+	struct stat got, real;
+
+	assert_int_equal(e->ops->getattr(e->cache, node, NULL, &got), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, path, &real), 0);
+	assert_int_equal(got.st_ino, real.st_ino);
+	assert_int_equal(got.st_size, real.st_size);
+	assert_int_equal(got.st_nlink, real.st_nlink);
+	assert_int_equal(got.st_mtim.tv_sec, real.st_mtim.tv_sec);
+	assert_int_equal(got.st_mtim.tv_nsec, real.st_mtim.tv_nsec);
+	assert_int_equal(got.st_ctim.tv_nsec, real.st_ctim.tv_nsec);
+}
+
+static int create_in(struct env *e, struct sbx_node *dir, const char *name,
+		     struct sbx_node **n, struct sbx_file **fh)
+{
+	struct sbx_open_result res;
+	struct stat st;
+	int rc = e->ops->create(e->cache, dir, name, 0644,
+				O_CREAT | O_EXCL | O_WRONLY, n, &st, &res);
+
+	*fh = rc == 0 ? res.fh : NULL;
+	return rc;
+}
+
+/* ---- entry operations ---------------------------------------------------- */
+
+static void test_create_keeps_dir_attrs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	for (int i = 0; i < 3; i++) {
+		char name[16];
+
+		snprintf(name, sizeof(name), "f%d", i);
+		hold(e);
+		assert_int_equal(create_in(e, e->dir, name, &n, &fh), 0);
+		assert_int_equal(e->ops->release(e->cache, fh), 0);
+		e->ops->forget(e->cache, n);
+		settle(e);
+		/* The kernel's permission check before the next create. */
+		same_st(e, e->dir, "d");
+		assert_int_equal(fetches(e), 0);
+	}
+}
+
+static void test_mkdir_unlink_rmdir_keep_dir_attrs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "d/x", "x", 1), 0);
+	settle(e);
+	same_st(e, e->dir, "d"); /* fetched after the event */
+	settle(e);
+	hold(e);
+	assert_int_equal(e->ops->mkdir(e->cache, e->dir, "sub", 0755, &n,
+				       &st),
+			 0);
+	e->ops->forget(e->cache, n);
+	settle(e);
+	same_st(e, e->dir, "d"); /* nlink went up */
+	assert_int_equal(fetches(e), 0);
+
+	hold(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->dir, "x", &n, &st), 0);
+	e->ops->forget(e->cache, n);
+	assert_int_equal(e->ops->unlink(e->cache, e->dir, "x"), 0);
+	settle(e);
+	same_st(e, e->dir, "d");
+	assert_int_equal(fetches(e), 0);
+
+	hold(e);
+	assert_int_equal(e->ops->rmdir(e->cache, e->dir, "sub"), 0);
+	settle(e);
+	same_st(e, e->dir, "d");
+	assert_int_equal(fetches(e), 0);
+}
+
+static void test_rename_keeps_both_dirs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n, *e2;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, "e", 0755, &e2,
+				       &st),
+			 0);
+	assert_int_equal(create_in(e, e->dir, "f", &n, &fh), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	e->ops->forget(e->cache, n);
+	settle(e);
+	same_st(e, e->dir, "d");
+	same_st(e, e2, "e");
+	settle(e);
+	hold(e);
+	assert_int_equal(e->ops->rename(e->cache, e->dir, "f", e2, "g", 0), 0);
+	settle(e);
+	same_st(e, e->dir, "d");
+	same_st(e, e2, "e");
+	assert_int_equal(fetches(e), 0);
+	e->ops->forget(e->cache, e2);
+}
+
+/* A change behind the mount, applied while the create is out. */
+static void racing_hook(const char *op, const char *path, void *payload)
+{
+	struct env *e = payload;
+
+	if (strcmp(op, "create") != 0)
+		return;
+	if (pmem_ext_write(e->mem, "d/other", "o", 1) == 0)
+		(void)e->ops->watch_sync(e->cache);
+}
+
+static void test_racing_event_refetches(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	hold(e);
+	pmem_set_hook(e->mem, racing_hook, e);
+	assert_int_equal(create_in(e, e->dir, "f", &n, &fh), 0);
+	pmem_set_hook(e->mem, NULL, NULL);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	e->ops->forget(e->cache, n);
+	settle(e);
+	same_st(e, e->dir, "d");
+	assert_int_equal(pmem_calls(e->mem, "getattr") +
+				 pmem_calls(e->mem, "lookup"),
+			 1);
+}
+
+/* ---- writes -------------------------------------------------------------- */
+
+/* Create d/f and buffer "hello" in it (nothing pushed yet). */
+static void create_hello(struct env *e, struct sbx_node **n,
+			 struct sbx_file **fh)
+{
+	assert_int_equal(create_in(e, e->dir, "f", n, fh), 0);
+	assert_int_equal(e->ops->write(e->cache, *fh, "hello", 5, 0), 5);
+}
+
+/* The sandbox's d/f holds `len` bytes. */
+static void holds_len(struct env *e, size_t want)
+{
+	char buf[16];
+	size_t len = 0;
+
+	assert_int_equal(pmem_ext_read(e->mem, "d/f", buf, sizeof(buf), &len),
+			 0);
+	assert_int_equal(len, want);
+}
+
+/* Close fh, deliver the events, drop n. */
+static void close_settle(struct env *e, struct sbx_node *n,
+			 struct sbx_file *fh)
+{
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	settle(e);
+	e->ops->forget(e->cache, n);
+}
+
+static void test_push_keeps_file_attrs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	hold(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	/* git's lstat right after the close, before the write's event. */
+	pmem_calls_reset(e->mem);
+	same_st(e, n, "d/f");
+	assert_int_equal(fetches(e), 0);
+	settle(e);
+	e->ops->forget(e->cache, n);
+}
+
+static void test_fsync_one_call(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	hold(e);
+	create_hello(e, &n, &fh);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	assert_int_equal(pmem_calls(e->mem, "write_fsync"), 1);
+	assert_int_equal(pmem_calls(e->mem, "write"), 0);
+	assert_int_equal(pmem_calls(e->mem, "fsync"), 0);
+	holds_len(e, 5);
+	pmem_calls_reset(e->mem);
+	same_st(e, n, "d/f");
+	assert_int_equal(fetches(e), 0);
+	close_settle(e, n, fh);
+}
+
+static void test_fsync_failure_keeps_bytes(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(pmem_fail(e->mem, "write_fsync", -ENOSPC, 1), 0);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), -ENOSPC);
+	holds_len(e, 0);
+	/* The bytes stayed: the next fsync delivers them. */
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	holds_len(e, 5);
+	close_settle(e, n, fh);
+}
+
+struct flusher {
+	struct env *e;
+	struct sbx_file *fh;
+	int rc;
+};
+
+static void *flush_main(void *arg)
+{
+	struct flusher *fl = arg;
+
+	fl->rc = fl->e->ops->flush(fl->e->cache, fl->fh);
+	return NULL;
+}
+
+/*
+ * A push and a create overlap: neither may trust what it got back (either
+ * could be older than the other's change), both are fetched again.
+ */
+static void test_overlapping_calls_refetch(void **state)
+{
+	struct env *e = *state;
+	struct flusher fl = { .e = e };
+	struct sbx_node *n, *g;
+	struct sbx_file *gfh;
+	pthread_t t;
+
+	settle(e);
+	hold(e);
+	assert_int_equal(create_in(e, e->dir, "f", &n, &fl.fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fl.fh, "hello", 5, 0), 5);
+	assert_int_equal(pmem_gate_arm(e->mem, "write", "d/f"), 0);
+	assert_int_equal(pthread_create(&t, NULL, flush_main, &fl), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	assert_int_equal(create_in(e, e->dir, "g", &g, &gfh), 0);
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(fl.rc, 0);
+	pmem_calls_reset(e->mem);
+	same_st(e, n, "d/f");
+	same_st(e, e->dir, "d");
+	assert_int_equal(pmem_calls(e->mem, "getattr") +
+				 pmem_calls(e->mem, "lookup"),
+			 2);
+	assert_int_equal(e->ops->release(e->cache, fl.fh), 0);
+	assert_int_equal(e->ops->release(e->cache, gfh), 0);
+	settle(e);
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, g);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_create_keeps_dir_attrs,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_mkdir_unlink_rmdir_keep_dir_attrs, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rename_keeps_both_dirs,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_racing_event_refetches,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_push_keeps_file_attrs,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fsync_one_call, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_fsync_failure_keeps_bytes,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_overlapping_calls_refetch,
+						setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
