@@ -163,6 +163,17 @@ static struct sbx_node *c_root(struct sbx_sandbox *sb)
 	return (struct sbx_node *)&CACHE(sb)->root;
 }
 
+/*
+ * c->lock held: does the tree know that dir has no kid k (its node, or
+ * NULL), by a negative entry or a complete listing, fresh?
+ */
+static bool known_absent_locked(struct cache *c, struct cnode *dir,
+				struct cnode *k)
+{
+	return cache_fresh(c, dir->list_time) &&
+	       (k ? k->slot == S_ABSENT : dir->complete);
+}
+
 static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name, struct sbx_node **out, struct stat *st)
 {
@@ -204,8 +215,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		cache_unlock(c);
 		return 0;
 	}
-	if ((k && k->slot == S_ABSENT && cache_fresh(c, dir->list_time)) ||
-	    (!k && dir->complete && cache_fresh(c, dir->list_time))) {
+	if (known_absent_locked(c, dir, k)) {
 		cache_unlock(c);
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOENT, "no '%s'", name);
 	}
@@ -440,25 +450,31 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_open_result res;
 	struct sbx_node *in, *made = NULL;
 	struct cfile *f;
+	bool expect;
 	int rc = cache_check_name(name);
 
 	if (rc < 0)
 		return rc;
 	memset(&res, 0, sizeof(res));
-	/* Without O_EXCL the file may exist already: then no event comes,
-	 * and an unconsumed expectation would swallow a later one. */
-	if (flags & O_EXCL)
-		rc = EXPECTING(c, dir, name,
-			       ON_INNER(c, dir, in,
-					c->inner->ops->create(c->inner, in,
-							      name, mode,
-							      flags, &made,
-							      st, &res)));
-	else
-		rc = (int)ON_INNER(c, dir, in,
+	/*
+	 * Without O_EXCL the file may exist already: then no event of ours
+	 * comes, and an unconsumed expectation would swallow a later one.
+	 * Unless the tree knows the name is absent (the kernel's LOOKUP
+	 * before this CREATE said so): then exactly one entry event comes,
+	 * ours, or -- the file was made behind us and its event is still on
+	 * its way -- that one, which says nothing our answer does not.
+	 */
+	expect = flags & O_EXCL;
+	if (!expect) {
+		cache_lock(c);
+		expect = known_absent_locked(c, dir, tree_kid_find(dir, name));
+		cache_unlock(c);
+	}
+	rc = EXPECTING_IF(c, expect, dir, name,
+			  ON_INNER(c, dir, in,
 				   c->inner->ops->create(c->inner, in, name,
 							 mode, flags, &made,
-							 st, &res));
+							 st, &res)));
 	if (rc < 0)
 		return rc;
 	/* I/O opens the file by its path each time (see cache_i.h). */

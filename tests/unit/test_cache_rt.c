@@ -215,6 +215,71 @@ static void test_rename_keeps_both_dirs(void **state)
 	e->ops->forget(e->cache, e2);
 }
 
+/* open(O_CREAT | O_TRUNC) without O_EXCL, as editors save a temp file. */
+static int create_trunc(struct env *e, const char *name, struct sbx_node **n,
+			struct sbx_file **fh)
+{
+	struct sbx_open_result res;
+	struct stat st;
+	int rc = e->ops->create(e->cache, e->dir, name, 0644,
+				O_CREAT | O_TRUNC | O_WRONLY, n, &st, &res);
+
+	*fh = rc == 0 ? res.fh : NULL;
+	return rc;
+}
+
+/*
+ * Without O_EXCL, a create of a name the tree knows is absent (the
+ * kernel's LOOKUP said so) expects its event like an exclusive one: the
+ * directory's attributes stay what the call brought back.
+ */
+static void test_create_trunc_of_absent_name_keeps_dir_attrs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->dir, "t", &n, &st),
+			 -ENOENT);
+	hold(e);
+	assert_int_equal(create_trunc(e, "t", &n, &fh), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	e->ops->forget(e->cache, n);
+	settle(e);
+	same_st(e, e->dir, "d");
+	assert_int_equal(fetches(e), 0);
+}
+
+/*
+ * Over an existing file no event of ours comes: nothing may be expected,
+ * or a later removal behind the mount would be swallowed.
+ */
+static void test_create_trunc_of_existing_expects_nothing(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "d/t", "old", 3), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->dir, "t", &n, &st), 0);
+	e->ops->forget(e->cache, n);
+	assert_int_equal(create_trunc(e, "t", &n, &fh), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	e->ops->forget(e->cache, n);
+	settle(e);
+	/* The O_TRUNC's own DATA event made it fetch again: known now. */
+	assert_int_equal(e->ops->lookup(e->cache, e->dir, "t", &n, &st), 0);
+	e->ops->forget(e->cache, n);
+	assert_int_equal(pmem_ext_unlink(e->mem, "d/t"), 0);
+	settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->dir, "t", &n, &st),
+			 -ENOENT);
+}
+
 /* A change behind the mount, applied while the create is out. */
 static void racing_hook(const char *op, const char *path, void *payload)
 {
@@ -394,6 +459,12 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rename_keeps_both_dirs,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_create_trunc_of_absent_name_keeps_dir_attrs, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_create_trunc_of_existing_expects_nothing, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_racing_event_refetches,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_push_keeps_file_attrs,
