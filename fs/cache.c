@@ -299,16 +299,29 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct cnode *n = CNODE(node);
+	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR, .in = in,
+				       .valid = valid };
 	struct sbx_node *inode;
+	bool pushed;
 	int rc;
 
 	(void)fh;
-	rc = wb_push_node(c, n);
-	if (rc < 0)
-		return rc;
-	rc = (int)ON_INNER(c, n, inode,
-			   c->inner->ops->setattr(c->inner, inode, NULL, in,
-						  valid, out));
+	/* tar's fchown/fchmod/futimens before close: the buffered bytes and
+	 * the setattr in one exchange when they fit. */
+	rc = wb_push_node_then(c, n, &then, out, &pushed);
+	if (rc < 0 && !pushed)
+		return rc; /* as a failed push below */
+	if (rc == 0) {
+		rc = wb_push_node(c, n);
+		if (rc < 0)
+			return rc;
+		rc = (int)ON_INNER(c, n, inode,
+				   c->inner->ops->setattr(c->inner, inode,
+							  NULL, in, valid,
+							  out));
+	} else if (rc > 0) {
+		rc = 0;
+	}
 	if (rc < 0) {
 		cache_lock(c);
 		tree_invalidate_file(n);
@@ -606,7 +619,10 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	struct cfile *f = CFILE(fh);
 	struct cache_io io;
 	/* The buffered bytes and the fsync in one exchange when they fit. */
-	int rc = wb_push_fsync(c, f, datasync);
+	struct sbx_write_then then = { .kind = SBX_THEN_FSYNC,
+				       .datasync = datasync };
+	bool pushed;
+	int rc = wb_push_then(c, f, &then, NULL, &pushed);
 
 	if (rc != 0)
 		return rc < 0 ? rc : 0;

@@ -459,13 +459,21 @@ void wb_io_end(struct cache *c, struct cache_io *io);
  */
 int wb_push(struct cache *c, struct cfile *f);
 /*
- * fsync(2) of f with its buffered bytes in one exchange (the wrapped
- * sandbox's write_fsync).  1: pushed and synced; 0: nothing done (nothing
- * buffered, another open file of the node holds bytes too, no such op,
- * O_APPEND, too large): push and fsync separately; -errno: failed, the
- * bytes stay buffered.  No lock held.
+ * Push f's buffered bytes and do `then` (fsync, or a setattr of the file)
+ * in one exchange (the wrapped sandbox's write_then).  1: pushed and
+ * done, *st (may be NULL) the file's attributes after both; 0: nothing
+ * done (nothing buffered, another open file of the node holds bytes too,
+ * no such op, O_APPEND, too large): push and do `then` separately;
+ * -errno: failed.  *pushed says whether the bytes were written (then
+ * only `then` failed); if not they stay buffered.  No lock held.
  */
-int wb_push_fsync(struct cache *c, struct cfile *f, bool datasync);
+int wb_push_then(struct cache *c, struct cfile *f,
+		 const struct sbx_write_then *then, struct stat *st,
+		 bool *pushed);
+/* wb_push_then() of the one open file of n that holds buffered bytes. */
+int wb_push_node_then(struct cache *c, struct cnode *n,
+		      const struct sbx_write_then *then, struct stat *st,
+		      bool *pushed);
 /* Push every buffered write of node n (all its open files). */
 int wb_push_node(struct cache *c, struct cnode *n);
 /* Push every buffered write of the files in directory dir. */

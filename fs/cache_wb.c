@@ -216,19 +216,22 @@ static int push_locked(struct cache *c, struct cfile *f)
 	return rc;
 }
 
-int wb_push_fsync(struct cache *c, struct cfile *f, bool datasync)
+int wb_push_then(struct cache *c, struct cfile *f,
+		 const struct sbx_write_then *then, struct stat *st,
+		 bool *pushed)
 {
 	struct cnode *n = f->node;
 	struct side_call sc;
 	struct cache_io io;
-	struct stat st;
+	struct stat got;
 	char *buf = NULL;
 	size_t len = 0;
 	off_t off = 0;
-	bool ok;
+	bool ok, landed = false;
 	int rc;
 
-	if (!c->inner->ops->write_fsync || (f->flags & O_APPEND))
+	*pushed = false;
+	if (!c->inner->ops->write_then || (f->flags & O_APPEND))
 		return 0;
 	pthread_mutex_lock(&f->wlock);
 	cache_lock(c);
@@ -248,18 +251,18 @@ int wb_push_fsync(struct cache *c, struct cfile *f, bool datasync)
 	rc = wb_io_begin(c, f, &io);
 	side_begin(c, &sc, NULL, NULL);
 	if (rc == 0)
-		rc = c->inner->ops->write_fsync(c->inner, io.fh, buf, len, off,
-						datasync, &st);
+		rc = c->inner->ops->write_then(c->inner, io.fh, buf, len, off,
+					       then, &got, &landed);
 	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
-	ok = side_take_locked(c, &sc);
-	if (rc == 0) {
-		written(c, n, ok ? &st : NULL);
+	ok = side_take_locked(c, &sc) && rc == 0;
+	if (landed) {
+		written(c, n, ok ? &got : NULL);
 		free(buf);
 		dirty_del(c, f);
 	} else {
-		/* All or nothing: the bytes stay for the next push. */
+		/* Nothing landed: the bytes stay for the next push. */
 		f->buf = buf;
 		f->buf_len = len;
 		f->buf_off = off;
@@ -267,11 +270,36 @@ int wb_push_fsync(struct cache *c, struct cfile *f, bool datasync)
 	}
 	cache_unlock(c);
 	pthread_mutex_unlock(&f->wlock);
-	if (rc == -E2BIG) {
+	*pushed = landed;
+	if (rc == -E2BIG && !landed) {
 		sbx_error_clear();
 		return 0;
 	}
+	if (rc == 0 && st)
+		*st = got;
 	return rc < 0 ? rc : 1;
+}
+
+int wb_push_node_then(struct cache *c, struct cnode *n,
+		      const struct sbx_write_then *then, struct stat *st,
+		      bool *pushed)
+{
+	struct cfile *f = NULL;
+	int rc;
+
+	*pushed = false;
+	cache_lock(c);
+	if (n->dirty == 1)
+		for (f = c->dirty; f && f->node != n; f = f->dnext)
+			;
+	if (f)
+		wb_file_get(f);
+	cache_unlock(c);
+	if (!f)
+		return 0;
+	rc = wb_push_then(c, f, then, st, pushed);
+	wb_file_put(c, f);
+	return rc;
 }
 
 int wb_push(struct cache *c, struct cfile *f)

@@ -354,6 +354,15 @@ typedef int (*sbx_repo_object_cb)(const char *name, uint64_t size,
 				  uint64_t offset, const void *data,
 				  size_t len, int err, void *payload);
 
+/* What write_then() does after its write (struct sbx_sandbox_ops). */
+enum sbx_then { SBX_THEN_FSYNC, SBX_THEN_SETATTR };
+struct sbx_write_then {
+	enum sbx_then kind;
+	bool datasync;          /* SBX_THEN_FSYNC */
+	const struct stat *in;  /* SBX_THEN_SETATTR: as setattr()'s */
+	int valid;              /* SBX_THEN_SETATTR: SBX_SET_* */
+};
+
 struct sbx_sandbox_ops {
 	unsigned version; /* SBX_SANDBOX_OPS_VERSION */
 
@@ -434,17 +443,22 @@ struct sbx_sandbox_ops {
 	int (*flush)(struct sbx_sandbox *sb, struct sbx_file *fh);
 	int (*fsync)(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
 	/*
-	 * Optional: write `size` bytes at `off` (at the end with O_APPEND),
-	 * then fsync, in one exchange, and fill *st with the file's
-	 * attributes after both.  All or nothing: 0 when every byte was
-	 * written and synced, else -errno (the caller keeps the bytes and
-	 * may write them again; a write at an offset is idempotent).
-	 * -E2BIG when `size` is more than one exchange carries (the caller
-	 * then writes and fsyncs separately).  NULL: write + fsync.
+	 * Optional: write `size` bytes at `off`, then do `then` (an fsync of
+	 * the file, or a setattr of it as setattr() does), in one exchange,
+	 * and fill *st with the file's attributes after both.  Stops at the
+	 * first failure.  *written (set in every case) says whether every
+	 * byte was written: when false nothing may be assumed written (the
+	 * caller keeps the bytes and may write them again; a write at an
+	 * offset is idempotent); when true and the result is -errno, the
+	 * `then` part failed.  -E2BIG (nothing done) when `size` is more
+	 * than one exchange carries or the file is O_APPEND: the caller then
+	 * writes and does `then` separately.  NULL: write, then fsync or
+	 * setattr.
 	 */
-	int (*write_fsync)(struct sbx_sandbox *sb, struct sbx_file *fh,
-			   const void *buf, size_t size, off_t off,
-			   bool datasync, struct stat *st);
+	int (*write_then)(struct sbx_sandbox *sb, struct sbx_file *fh,
+			  const void *buf, size_t size, off_t off,
+			  const struct sbx_write_then *then, struct stat *st,
+			  bool *written);
 	/* Last reference to the open file is gone; frees fh. */
 	int (*release)(struct sbx_sandbox *sb, struct sbx_file *fh);
 

@@ -38,8 +38,9 @@
  *    file_fd, copy_file_range, xattrs, exec_start and node_stale (NULL:
  *    callers get -ENOSYS/-EOPNOTSUPP as usual).  fallocate supports mode 0
  *    only (-EOPNOTSUPP otherwise); lseek SEEK_DATA/SEEK_HOLE (no holes).
- *    flush and syncfs have nothing to push and return 0.  write_fsync
- *    writes all or fails (-EIO for a short write) and has no size limit.
+ *    flush and syncfs have nothing to push and return 0.  write_then
+ *    writes all or fails (-EIO for a short write), has no size limit,
+ *    and answers -E2BIG for O_APPEND files; its setattr is setattr's.
  *    Attributes on the side (struct sbx_side, sbx/provider.h): when the
  *    calling thread armed one, a successful entry operation fills the
  *    entry's directory (rename: both) and a write the file, taken under

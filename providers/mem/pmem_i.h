@@ -38,7 +38,7 @@ enum op {
 	OP_RELEASE, OP_FALLOCATE, OP_LSEEK, OP_OPENDIR, OP_READDIR,
 	OP_FSYNCDIR, OP_RELEASEDIR, OP_STATFS, OP_NODE_PATH, OP_WATCH_START,
 	OP_WATCH_SYNC, OP_WATCH_STOP, OP_BULK, OP_SYNCFS, OP_NODE_AT,
-	OP_WRITE_FSYNC,
+	OP_WRITE_THEN,
 	OP_COUNT
 };
 
@@ -260,9 +260,10 @@ ssize_t pmem_op_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 		      const void *buf, size_t size, off_t off);
 int pmem_op_flush(struct sbx_sandbox *sb, struct sbx_file *fh);
 int pmem_op_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
-int pmem_op_write_fsync(struct sbx_sandbox *sb, struct sbx_file *fh,
-			const void *buf, size_t size, off_t off, bool datasync,
-			struct stat *st);
+int pmem_op_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
+		       const void *buf, size_t size, off_t off,
+		       const struct sbx_write_then *then, struct stat *st,
+		       bool *written);
 int pmem_op_release(struct sbx_sandbox *sb, struct sbx_file *fh);
 int pmem_op_fallocate(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
 		      off_t off, off_t len);

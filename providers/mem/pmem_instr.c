@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
 	"release", "fallocate", "lseek", "opendir", "readdir",
 	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
 	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
-	"write_fsync",
+	"write_then",
 };
 
 static int op_index(const char *name)
@@ -135,7 +135,7 @@ void pmem_side_locked(struct pmem *s, enum op op, const char *path,
 			side->has_newdir =
 				stat_parent_locked(s, newpath, &side->newdir);
 		break;
-	case OP_WRITE: case OP_WRITE_FSYNC:
+	case OP_WRITE: case OP_WRITE_THEN:
 		side->has_file = pmem_stat_locked(s, path, &side->file) == 0;
 		if (!side->has_file)
 			sbx_error_clear();

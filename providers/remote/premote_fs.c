@@ -303,25 +303,33 @@ static void op_time(int valid, int now, int set, const struct timespec *ts,
 	}
 }
 
-static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
-		     struct sbx_file *fh, const struct stat *in, int valid,
-		     struct stat *out)
+/* The batch op of setattr(`in`, `valid`) on path (borrowed). */
+static void setattr_op(struct sbx_batch_op *op, char *path,
+		       const struct stat *in, int valid)
 {
-	struct premote_sandbox *s = RSB(sb);
-	char *path = premote_npath(s, node);
-	struct sbx_batch_op op = {
+	*op = (struct sbx_batch_op){
 		.kind = SBX_BATCH_SETATTR, .path = path,
 		.has_mode = valid & SBX_SET_MODE, .mode = in->st_mode & 07777,
 		.has_uid = valid & SBX_SET_UID, .uid = in->st_uid,
 		.has_gid = valid & SBX_SET_GID, .gid = in->st_gid,
 		.has_size = valid & SBX_SET_SIZE, .size = in->st_size,
 	};
+	op_time(valid, SBX_SET_ATIME_NOW, SBX_SET_ATIME, &in->st_atim,
+		&op->atime_set, &op->atime_s, &op->atime_ns);
+	op_time(valid, SBX_SET_MTIME_NOW, SBX_SET_MTIME, &in->st_mtim,
+		&op->mtime_set, &op->mtime_s, &op->mtime_ns);
+}
+
+static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
+		     struct sbx_file *fh, const struct stat *in, int valid,
+		     struct stat *out)
+{
+	struct premote_sandbox *s = RSB(sb);
+	char *path = premote_npath(s, node);
+	struct sbx_batch_op op;
 	int rc;
 
-	op_time(valid, SBX_SET_ATIME_NOW, SBX_SET_ATIME, &in->st_atim,
-		&op.atime_set, &op.atime_s, &op.atime_ns);
-	op_time(valid, SBX_SET_MTIME_NOW, SBX_SET_MTIME, &in->st_mtim,
-		&op.mtime_set, &op.mtime_s, &op.mtime_ns);
+	setattr_op(&op, path, in, valid);
 	rc = batch_st(s, &op, path, out);
 	free(path);
 	return rc;
@@ -732,10 +740,10 @@ static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 }
 
 /*
- * The most r_write_fsync() sends: the batch is JSON (at most 1 MiB, the
+ * The most r_write_then() sends: the batch is JSON (at most 1 MiB, the
  * agent's limit) and the data goes in it as base64 (4/3 larger).
  */
-#define WRITE_FSYNC_MAX ((size_t)512 << 10)
+#define WRITE_THEN_MAX ((size_t)512 << 10)
 
 /* The result `i` of a batch of `n` (taken from the end, see batch_side). */
 static int take_result(cJSON *ans, size_t i, const char *ctx, cJSON **r)
@@ -744,40 +752,44 @@ static int take_result(cJSON *ans, size_t i, const char *ctx, cJSON **r)
 }
 
 /*
- * One batch {write, fsync, stat}, stopping at the first error: the stat
- * gives the file's attributes after both (batch writes answer no "st").
+ * One batch {write, fsync or setattr, stat}, stopping at the first error:
+ * the stat gives the file's attributes after both (batch writes answer no
+ * "st").
  */
-static int r_write_fsync(struct sbx_sandbox *sb, struct sbx_file *fh,
-			 const void *buf, size_t size, off_t off,
-			 bool datasync, struct stat *st)
+static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
+			const void *buf, size_t size, off_t off,
+			const struct sbx_write_then *then, struct stat *st,
+			bool *written)
 {
 	struct premote_sandbox *s = RSB(sb);
 	struct premote_file *f = RFILE(fh);
+	struct sbx_batch_op ops[3];
 	char *path, ctx[300];
 	cJSON *req, *ans = NULL, *r[3] = { NULL, NULL, NULL };
 	const cJSON *w;
 	int rc, rcs[3];
 
-	if (size > WRITE_FSYNC_MAX || (f->flags & O_APPEND))
+	*written = false;
+	if (size > WRITE_THEN_MAX || (f->flags & O_APPEND))
 		return sbx_error_set(SBX_ERR_OS, -E2BIG,
-				     "write+fsync: %zu bytes do not fit a "
-				     "batch", size);
+				     "write: %zu bytes do not fit a batch",
+				     size);
 	if (off < 0)
 		return sbx_error_set(SBX_ERR_OS, -EINVAL, "write: offset < 0");
 	path = premote_npath(s, (struct sbx_node *)f->node);
-	{
-		struct sbx_batch_op ops[3] = {
-			{ .kind = SBX_BATCH_WRITE, .path = path,
-			  .data = (unsigned char *)buf, .data_len = size,
-			  .offset = off },
-			{ .kind = SBX_BATCH_FSYNC, .path = path,
-			  .datasync = datasync },
-			{ .kind = SBX_BATCH_STAT, .path = path },
-		};
-
-		req = sbx_batch_encode(ops, 3, true);
-	}
-	snprintf(ctx, sizeof(ctx), "write+fsync %s", path);
+	ops[0] = (struct sbx_batch_op){ .kind = SBX_BATCH_WRITE, .path = path,
+					.data = (unsigned char *)buf,
+					.data_len = size, .offset = off };
+	if (then->kind == SBX_THEN_SETATTR)
+		setattr_op(&ops[1], path, then->in, then->valid);
+	else
+		ops[1] = (struct sbx_batch_op){ .kind = SBX_BATCH_FSYNC,
+						.path = path,
+						.datasync = then->datasync };
+	ops[2] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT, .path = path };
+	req = sbx_batch_encode(ops, 3, true);
+	snprintf(ctx, sizeof(ctx), "write+%s %s",
+		 sbx_batch_kind_name(ops[1].kind), path);
 	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
 			       false, &ans);
 	cJSON_Delete(req);
@@ -786,12 +798,16 @@ static int r_write_fsync(struct sbx_sandbox *sb, struct sbx_file *fh,
 		 * (the ops after it answer ECANCELED). */
 		for (size_t i = 3; i-- > 0;)
 			rcs[i] = take_result(ans, i, ctx, &r[i]);
-		rc = rcs[0] < 0 ? rcs[0] : rcs[1] < 0 ? rcs[1] : rcs[2];
+		rc = rcs[0];
 		if (rc == 0) {
 			w = cJSON_GetObjectItemCaseSensitive(r[0], "written");
 			if (!cJSON_IsNumber(w) || w->valuedouble != (double)size)
 				rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
 						   "%s: short write", ctx);
+		}
+		if (rc == 0) {
+			*written = true;
+			rc = rcs[1] < 0 ? rcs[1] : rcs[2];
 		}
 		if (rc == 0)
 			rc = premote_get_st(s, r[2], "st", st);
@@ -937,7 +953,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.write = r_write,
 	.flush = r_flush,
 	.fsync = r_fsync,
-	.write_fsync = r_write_fsync,
+	.write_then = r_write_then,
 	.release = r_release,
 	.fallocate = r_fallocate,
 	.lseek = r_lseek,

@@ -407,3 +407,35 @@ def test_fsync_of_a_small_file_in_one_exchange(sandbox):
     finally:
         os.close(fd)
     _same_attrs(m, w, "after close")
+
+
+def test_setattr_of_a_written_open_file_like_tar(sandbox):
+    """tar sets owner, mode and times on the open descriptor before close;
+    with bytes still buffered the remote cache sends them with the first
+    setattr ({write, setattr, stat}): content, mode and times must all be
+    what a local disk gives, whatever the order."""
+    m, w = sandbox.mnt / "tarlike", sandbox.worktree / "tarlike"
+    fd = os.open(m, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"t" * 3000)
+        os.fchown(fd, os.getuid(), os.getgid())
+        os.fchmod(fd, 0o640)
+        os.utime(fd, ns=(1_000_000_000, 2_000_000_000))
+        os.write(fd, b"u" * 10)
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    assert w.read_bytes() == b"t" * 3000 + b"u" * 10
+    st = os.stat(w)
+    assert (st.st_mode & 0o7777, st.st_size) == (0o644, 3010)
+    # The second write moved mtime past the utime.
+    _same_attrs(m, w, "after close")
+    fd = os.open(m, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"v", 0)
+        os.utime(fd, ns=(3_000_000_000, 4_000_000_000))
+    finally:
+        os.close(fd)
+    assert w.read_bytes()[:1] == b"v"
+    assert os.stat(w).st_mtime_ns == 4_000_000_000
+    _same_attrs(m, w, "after utime")

@@ -1,7 +1,7 @@
 /*
  * Round trips the caching layer (fs/cache.c) saves with attributes handed
  * back on the side (struct sbx_side, sbx/provider.h) and with
- * write_fsync, over the in-memory sandbox (providers/mem), which fills
+ * write_then, over the in-memory sandbox (providers/mem), which fills
  * them the way the remote provider does (a stat in the same batch, the
  * write's answer).  Inner calls are counted with pmem_calls().
  *
@@ -372,7 +372,7 @@ static void test_fsync_one_call(void **state)
 	create_hello(e, &n, &fh);
 	pmem_calls_reset(e->mem);
 	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
-	assert_int_equal(pmem_calls(e->mem, "write_fsync"), 1);
+	assert_int_equal(pmem_calls(e->mem, "write_then"), 1);
 	assert_int_equal(pmem_calls(e->mem, "write"), 0);
 	assert_int_equal(pmem_calls(e->mem, "fsync"), 0);
 	holds_len(e, 5);
@@ -390,11 +390,85 @@ static void test_fsync_failure_keeps_bytes(void **state)
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(pmem_fail(e->mem, "write_fsync", -ENOSPC, 1), 0);
+	assert_int_equal(pmem_fail(e->mem, "write_then", -ENOSPC, 1), 0);
 	assert_int_equal(e->ops->fsync(e->cache, fh, false), -ENOSPC);
 	holds_len(e, 0);
 	/* The bytes stayed: the next fsync delivers them. */
 	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	holds_len(e, 5);
+	close_settle(e, n, fh);
+}
+
+/*
+ * tar's fchmod/fchown/futimens before close: a setattr of a file with
+ * buffered bytes sends them and the setattr together (one inner call),
+ * and the close then has nothing left to push.
+ */
+static void test_setattr_carries_the_bytes(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out, real;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_equal(pmem_calls(e->mem, "write_then"), 1);
+	assert_int_equal(pmem_calls(e->mem, "write"), 0);
+	assert_int_equal(pmem_calls(e->mem, "setattr"), 0);
+	holds_len(e, 5);
+	assert_int_equal(out.st_size, 5);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0600);
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 0);
+	close_settle(e, n, fh);
+}
+
+/*
+ * The setattr part fails after the bytes landed: the setattr says so, and
+ * the bytes are not pushed again.
+ */
+static void test_setattr_failure_after_the_bytes(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_size = -1 }, out;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	pmem_calls_reset(e->mem);
+	assert_true(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_SIZE,
+				    &out) < 0);
+	holds_len(e, 5);
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 0);
+	assert_int_equal(pmem_calls(e->mem, "write_then"), 1);
+	close_settle(e, n, fh);
+}
+
+/* A failed exchange keeps the bytes for the close, as a push does. */
+static void test_setattr_push_failure_keeps_bytes(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(pmem_fail(e->mem, "write_then", -EIO, 1), 0);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 -EIO);
+	holds_len(e, 0);
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
 	holds_len(e, 5);
 	close_settle(e, n, fh);
 }
@@ -473,6 +547,12 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_fsync_failure_keeps_bytes,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_setattr_carries_the_bytes,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_setattr_failure_after_the_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_setattr_push_failure_keeps_bytes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_overlapping_calls_refetch,
 						setup, teardown),
 	};

@@ -416,7 +416,7 @@ static void test_events(void **state)
 	assert_false(e->ops->watch_healthy(e->sb));
 }
 
-/* Attributes on the side (struct sbx_side) and write_fsync. */
+/* Attributes on the side (struct sbx_side) and write_then. */
 static void test_side_attrs(void **state)
 {
 	struct env *e = *state;
@@ -446,10 +446,32 @@ static void test_side_attrs(void **state)
 	assert_int_equal(e->ops->write(e->sb, res.fh, "abc", 3, 0), 3);
 	assert_true(side.has_file);
 	assert_int_equal(side.file.st_size, 3);
-	assert_int_equal(e->ops->write_fsync(e->sb, res.fh, "defg", 4, 3,
-					     false, &st),
-			 0);
-	assert_int_equal(st.st_size, 7);
+	{
+		struct sbx_write_then fs = { .kind = SBX_THEN_FSYNC };
+		struct stat in = { .st_mode = 0600, .st_size = -1 };
+		struct sbx_write_then sa = { .kind = SBX_THEN_SETATTR,
+					     .in = &in, .valid = SBX_SET_MODE };
+		bool written = false;
+
+		assert_int_equal(e->ops->write_then(e->sb, res.fh, "defg", 4,
+						    3, &fs, &st, &written),
+				 0);
+		assert_true(written);
+		assert_int_equal(st.st_size, 7);
+		assert_int_equal(e->ops->write_then(e->sb, res.fh, "h", 1, 7,
+						    &sa, &st, &written),
+				 0);
+		assert_true(written);
+		assert_int_equal(st.st_size, 8);
+		assert_int_equal(st.st_mode & 07777, 0600);
+		/* The setattr fails after the write landed: said so. */
+		sa.valid = SBX_SET_SIZE;
+		written = false;
+		assert_true(e->ops->write_then(e->sb, res.fh, "i", 1, 8, &sa,
+					       &st, &written) < 0);
+		assert_true(written);
+		sbx_error_clear();
+	}
 	assert_int_equal(e->ops->release(e->sb, res.fh), 0);
 	e->ops->forget(e->sb, n);
 
