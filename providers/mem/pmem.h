@@ -166,6 +166,15 @@ SBX_WUR int pmem_gate_arm(struct sbx_sandbox *sb, const char *op,
 			  const char *path);
 
 /*
+ * The same, but the call parks once its work is done, before it returns
+ * (operations on one path: getattr, setattr, readlink, open, read, write,
+ * ...; not entry operations), so that its answer is from before whatever
+ * the test does meanwhile.
+ */
+SBX_WUR int pmem_gate_arm_after(struct sbx_sandbox *sb, const char *op,
+				const char *path);
+
+/*
  * Wait up to timeout_ms for a call to park at the gate: 0 when one is
  * parked, -ETIMEDOUT otherwise.
  */

@@ -118,6 +118,7 @@ struct pmem {
 	pthread_cond_t gate_cond;
 	int gate_op;          /* -1: not armed */
 	char *gate_path;      /* NULL: any */
+	bool gate_after;      /* park after the work (pmem_gate_arm_after) */
 	bool gate_parked, gate_open;
 
 	/* The change stream. */

@@ -311,6 +311,53 @@ static void test_racing_event_refetches(void **state)
 			 1);
 }
 
+struct getter {
+	struct env *e;
+	struct sbx_node *node;
+	int rc;
+};
+
+static void *getattr_main(void *arg)
+{
+	struct getter *g = arg;
+	struct stat st;
+
+	g->rc = g->e->ops->getattr(g->e->cache, g->node, NULL, &st);
+	return NULL;
+}
+
+/*
+ * A fetch of the directory's attributes whose answer predates our create
+ * but arrives after it must not be kept as valid: the create's own event
+ * is dropped as expected, so nothing else would ever correct it.
+ */
+static void test_fetch_across_create_not_kept(void **state)
+{
+	struct env *e = *state;
+	struct getter g = { .e = e, .node = e->dir };
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	pthread_t t;
+
+	/* Someone else's change: d's attributes must be fetched. */
+	assert_int_equal(pmem_ext_write(e->mem, "d/x", "x", 1), 0);
+	settle(e);
+	hold(e);
+	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "d"), 0);
+	assert_int_equal(pthread_create(&t, NULL, getattr_main, &g), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	assert_int_equal(create_in(e, e->dir, "f", &n, &fh), 0);
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(g.rc, 0);
+	/* Before our own event arrives, and after. */
+	same_st(e, e->dir, "d");
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	settle(e);
+	same_st(e, e->dir, "d");
+	e->ops->forget(e->cache, n);
+}
+
 /* ---- writes -------------------------------------------------------------- */
 
 /* Create d/f and buffer "hello" in it (nothing pushed yet). */
@@ -541,6 +588,8 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_racing_event_refetches,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_fetch_across_create_not_kept, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_push_keeps_file_attrs,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fsync_one_call, setup,
