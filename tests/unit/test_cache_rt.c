@@ -34,39 +34,34 @@
 
 #include <cmocka.h>
 
-#include "sbx/provider.h"
-#include "../../fs/cache.h"
-#include "../../providers/mem/pmem.h"
+#include "test_cache_i.h"
 
+/* The shared fixture (test_cache_i.h) plus a directory "d" to work in. */
 struct env {
-	struct sbx_sandbox *mem;
-	struct sbx_sandbox *cache;
-	const struct sbx_sandbox_ops *ops;
-	struct sbx_node *root;
-	struct sbx_node *dir; /* "d", made through the cache */
+	struct tc_env *tc;
+	struct sbx_sandbox *mem, *cache;   /* tc's, for short */
+	const struct sbx_sandbox_ops *ops; /* tc's */
+	struct sbx_node *root;             /* tc's */
+	struct sbx_node *dir;              /* "d", made through the cache */
 };
-
-static void on_forward(const struct sbx_change *c, void *payload)
-{
-	(void)c;
-	(void)payload;
-}
 
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
+	void *tc = NULL;
 	struct stat st;
 
 	assert_non_null(e);
-	assert_int_equal(pmem_new(&e->mem, NULL), 0);
-	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
-	e->ops = e->cache->ops;
-	e->root = e->ops->root(e->cache);
-	assert_int_equal(e->ops->watch_start(e->cache, on_forward, NULL), 0);
+	assert_int_equal(tc_setup(&tc), 0);
+	e->tc = tc;
+	e->mem = e->tc->mem;
+	e->cache = e->tc->cache;
+	e->ops = e->tc->ops;
+	e->root = e->tc->root;
 	assert_int_equal(e->ops->mkdir(e->cache, e->root, "d", 0755, &e->dir,
 				       &st),
 			 0);
-	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	tc_settle(e->tc);
 	*state = e;
 	return 0;
 }
@@ -74,13 +69,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct env *e = *state;
+	void *tc = e->tc;
 
 	pmem_set_hook(e->mem, NULL, NULL);
+	pmem_watch_hold(e->mem, false);
 	e->ops->forget(e->cache, e->dir);
-	sbx_sandbox_free(e->cache);
-	sbx_sandbox_free(e->mem);
 	free(e);
-	return 0;
+	return tc_teardown(&tc);
 }
 
 /* Hold our own events back until the operation is recorded. */
@@ -93,8 +88,7 @@ static void hold(struct env *e)
 static void settle(struct env *e)
 {
 	pmem_watch_hold(e->mem, false);
-	assert_int_equal(e->ops->watch_sync(e->cache), 0);
-	pmem_calls_reset(e->mem);
+	tc_settle(e->tc);
 }
 
 /* Inner calls that fetch metadata. */
