@@ -37,6 +37,7 @@ void side_begin(struct cache *c, struct side_call *sc, struct cnode *dir,
 					  ? sc->dirs[i]->st_time
 					  : -1;
 	sc->events = c->events;
+	sc->foreign = c->foreign;
 	sc->gen = ++c->side_gen;
 	sc->alone = c->side_busy++ == 0;
 	cache_unlock(c);
@@ -395,7 +396,16 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		}
 		if (a) {
 			tree_kid_move(a, to, newname);
-			a->st_valid = false; /* ctime changed */
+			/* Its ctime changed, for every name of it.  The batch's
+			 * stat of it is kept when no change but our own came
+			 * in while the call was out (struct side_call). */
+			tree_invalidate_file(a);
+			if (ok && sc.side.has_obj && c->foreign == sc.foreign &&
+			    a->slot == S_PRESENT &&
+			    a->st.st_ino == sc.side.obj.st_ino &&
+			    (a->st.st_mode & S_IFMT) ==
+				    (sc.side.obj.st_mode & S_IFMT))
+				tree_refresh_st(c, a, &sc.side.obj);
 		}
 		/* The old name is now known to be free. */
 		tree_kid_get(from, name)->slot = S_ABSENT;

@@ -205,6 +205,8 @@ struct cache {
 	 * returned but not trusted as cached (not fresh, not complete).
 	 */
 	unsigned long events;
+	/* Of those, the ones not dropped as our own (struct side_call). */
+	unsigned long foreign;
 	/* Calls handing back attributes on the side (struct side_call). */
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */
@@ -316,7 +318,7 @@ struct side_call {
 	struct sbx_side side;
 	struct cnode *dirs[2];  /* entry calls: the directories, or NULL */
 	double dir_time[2];     /* their st_time at side_begin(); -1 invalid */
-	unsigned long events, gen;
+	unsigned long events, foreign, gen;
 	bool alone;  /* no other side call in flight when it began */
 	bool ended;  /* side_end() ran; not taken yet */
 };

@@ -663,11 +663,13 @@ const struct sbx_caller *sbx_caller_get(void);
  *           removed from (rename: the old name's, link: the new name's),
  *           taken after the change;
  *   newdir  rename into another directory: the new name's directory;
+ *   obj     rename (not RENAME_EXCHANGE): the moved object at its new
+ *           name, after;
  *   file    write: the written file after the write (the last chunk's).
  */
 struct sbx_side {
-	struct stat dir, newdir, file;
-	bool has_dir, has_newdir, has_file;
+	struct stat dir, newdir, obj, file;
+	bool has_dir, has_newdir, has_obj, has_file;
 };
 
 /*

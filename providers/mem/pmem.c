@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -252,6 +253,9 @@ static int m_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		rc = pmem_rename_locked(s, from, to, flags);
 		if (rc == 0)
 			pmem_side_locked(s, OP_RENAME, from, to);
+		/* Exchanged: no one object moved to `to`. */
+		if (rc == 0 && (flags & RENAME_EXCHANGE) && sbx_side_get())
+			sbx_side_get()->has_obj = false;
 		pthread_mutex_unlock(&s->lock);
 	}
 	free(from);

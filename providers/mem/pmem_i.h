@@ -169,8 +169,8 @@ int pmem_child_op(struct pmem *s, enum op op, struct sbx_node *parent,
 /*
  * After operation `op` on `path` succeeded (rename: `newpath` too): fill
  * the calling thread's armed struct sbx_side (sbx/provider.h), if any --
- * the entry's directory (and the new name's) for entry operations, the
- * file for writes.  Caller holds s->lock.
+ * the entry's directory (and the new name's, and the object at it) for
+ * entry operations, the file for writes.  Caller holds s->lock.
  */
 void pmem_side_locked(struct pmem *s, enum op op, const char *path,
 		      const char *newpath);

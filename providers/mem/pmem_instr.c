@@ -143,9 +143,14 @@ void pmem_side_locked(struct pmem *s, enum op op, const char *path,
 	case OP_MKNOD: case OP_MKDIR: case OP_SYMLINK: case OP_LINK:
 	case OP_UNLINK: case OP_RMDIR: case OP_CREATE: case OP_RENAME:
 		side->has_dir = stat_parent_locked(s, path, &side->dir);
-		if (newpath)
+		if (newpath) {
 			side->has_newdir =
 				stat_parent_locked(s, newpath, &side->newdir);
+			side->has_obj = pmem_stat_locked(s, newpath,
+							 &side->obj) == 0;
+			if (!side->has_obj)
+				sbx_error_clear();
+		}
 		break;
 	case OP_WRITE: case OP_WRITE_THEN:
 		side->has_file = pmem_stat_locked(s, path, &side->file) == 0;

@@ -130,16 +130,18 @@ static char *parent_of(const char *path)
 /*
  * Run `op` like premote_batch1(), and when the calling thread armed a
  * struct sbx_side (see sbx/provider.h), stat the directories `dir` and
- * `newdir` (either may be NULL) in the same batch, after the op, into
- * side->dir / side->newdir.  A failed stat only leaves its flag unset.
+ * `newdir` and the object `obj` (each may be NULL) in the same batch,
+ * after the op, into side->dir / side->newdir / side->obj.  A failed stat
+ * only leaves its flag unset.
  */
 static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
-		      const char *dir, const char *newdir, cJSON **res)
+		      const char *dir, const char *newdir, const char *obj,
+		      cJSON **res)
 {
 	struct sbx_side *side = sbx_side_get();
-	struct sbx_batch_op ops[3] = { *op };
-	struct stat *dst[3] = { NULL };
-	bool *flag[3] = { NULL };
+	struct sbx_batch_op ops[4] = { *op };
+	struct stat *dst[4] = { NULL };
+	bool *flag[4] = { NULL };
 	cJSON *req, *ans = NULL, *r = NULL;
 	size_t n = 1;
 	char ctx[300];
@@ -158,6 +160,12 @@ static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
 						.path = (char *)newdir };
 		dst[n] = &side->newdir;
 		flag[n++] = &side->has_newdir;
+	}
+	if (obj) {
+		ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+						.path = (char *)obj };
+		dst[n] = &side->obj;
+		flag[n++] = &side->has_obj;
 	}
 	req = sbx_batch_encode(ops, n, false);
 	snprintf(ctx, sizeof(ctx), "%s %s", sbx_batch_kind_name(op->kind),
@@ -185,7 +193,7 @@ static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
 	rc = sbx_batch_result_take(ans, 1, 0, ctx, &r);
 	if (rc < 0) {
 		/* The op failed: the stats say nothing the caller may use. */
-		side->has_dir = side->has_newdir = false;
+		side->has_dir = side->has_newdir = side->has_obj = false;
 	}
 	if (rc == 0 && res)
 		*res = r;
@@ -202,7 +210,7 @@ static int batch_st(struct premote_sandbox *s, const struct sbx_batch_op *op,
 {
 	cJSON *r = NULL;
 	char *dir = parent_of(path);
-	int rc = batch_side(s, op, dir, NULL, &r);
+	int rc = batch_side(s, op, dir, NULL, NULL, &r);
 
 	free(dir);
 
@@ -461,7 +469,7 @@ static int remove_entry(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_batch_op op = { .kind = kind,
 				   .path = premote_cpath(s, parent, name) };
 	char *dir = parent_of(op.path);
-	int rc = batch_side(s, &op, dir, NULL, NULL);
+	int rc = batch_side(s, &op, dir, NULL, NULL, NULL);
 
 	free(dir);
 	sbx_batch_op_fini(&op);
@@ -500,7 +508,9 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 					     : flags & RENAME_NOREPLACE;
 	dir = parent_of(op.path);
 	newdir = parent_of(op.newpath);
-	rc = batch_side(s, &op, dir, newdir, NULL);
+	/* The moved object too (its ctime changed), unless exchanged. */
+	rc = batch_side(s, &op, dir, newdir,
+			(flags & RENAME_EXCHANGE) ? NULL : op.newpath, NULL);
 	free(dir);
 	free(newdir);
 	if (rc == 0) {

@@ -375,8 +375,10 @@ def test_dir_attrs_after_entry_ops_match_the_sandbox(sandbox):
     os.rename(m / "f1", m / "b" / "f1")
     _same_attrs(m, w, "rename: old directory")
     _same_attrs(m / "b", w / "b", "rename: new directory")
+    _same_attrs(m / "b" / "f1", w / "b" / "f1", "rename: the moved file")
     os.rename(m / "f2", m / "f3")
     _same_attrs(m, w, "rename in one directory")
+    _same_attrs(m / "f3", w / "f3", "rename: the moved file, same directory")
     os.unlink(m / "s")
     _same_attrs(m, w, "unlink")
     for name in ("l", "f1"):

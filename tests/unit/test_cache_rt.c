@@ -125,6 +125,14 @@ static int create_in(struct env *e, struct sbx_node *dir, const char *name,
 	return rc;
 }
 
+/* Create d/name and buffer "hello" in it (nothing pushed yet). */
+static void create_hello_in(struct env *e, const char *name,
+			    struct sbx_node **n, struct sbx_file **fh)
+{
+	assert_int_equal(create_in(e, e->dir, name, n, fh), 0);
+	assert_int_equal(e->ops->write(e->cache, *fh, "hello", 5, 0), 5);
+}
+
 /* ---- entry operations ---------------------------------------------------- */
 
 static void test_create_keeps_dir_attrs(void **state)
@@ -272,6 +280,69 @@ static void test_create_trunc_of_existing_expects_nothing(void **state)
 	settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->dir, "t", &n, &st),
 			 -ENOENT);
+}
+
+/*
+ * The rename batch brings the moved file's attributes back (its ctime
+ * changed): an editor's next save looks the target up (the kernel's
+ * LOOKUP_RENAME_TARGET) without a round trip.
+ */
+static void test_rename_keeps_the_moved_file(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	create_hello_in(e, "tmp", &n, &fh);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	settle(e);
+	same_st(e, n, "d/tmp");
+	settle(e);
+	hold(e);
+	assert_int_equal(e->ops->rename(e->cache, e->dir, "tmp", e->dir,
+					"target", 0),
+			 0);
+	settle(e);
+	same_st(e, n, "d/target");
+	assert_int_equal(fetches(e), 0);
+	e->ops->forget(e->cache, n);
+}
+
+/* A change behind the mount while the rename is out: asked again. */
+static void chmod_hook(const char *op, const char *path, void *payload)
+{
+	struct env *e = payload;
+
+	(void)path;
+	if (strcmp(op, "rename") != 0)
+		return;
+	if (pmem_ext_chmod(e->mem, "d/tmp", 0600) == 0)
+		(void)e->ops->watch_sync(e->cache);
+}
+
+static void test_rename_racing_event_refetches(void **state)
+{
+	struct env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	create_hello_in(e, "tmp", &n, &fh);
+	assert_int_equal(e->ops->release(e->cache, fh), 0);
+	settle(e);
+	same_st(e, n, "d/tmp");
+	settle(e);
+	pmem_set_hook(e->mem, chmod_hook, e);
+	assert_int_equal(e->ops->rename(e->cache, e->dir, "tmp", e->dir,
+					"target", 0),
+			 0);
+	pmem_set_hook(e->mem, NULL, NULL);
+	settle(e);
+	same_st(e, n, "d/target");
+	assert_int_equal(pmem_calls(e->mem, "getattr") +
+				 pmem_calls(e->mem, "lookup"),
+			 1);
+	e->ops->forget(e->cache, n);
 }
 
 /* A change behind the mount, applied while the create is out. */
@@ -580,6 +651,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_create_trunc_of_existing_expects_nothing, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rename_keeps_the_moved_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rename_racing_event_refetches, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_racing_event_refetches,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
