@@ -172,6 +172,17 @@ static struct sbx_node *c_root(struct sbx_sandbox *sb)
 	return (struct sbx_node *)&CACHE(sb)->root;
 }
 
+/*
+ * c->lock held: does the tree know that dir has no kid k (its node, or
+ * NULL), by a negative entry or a complete listing, fresh?
+ */
+static bool known_absent_locked(struct cache *c, struct cnode *dir,
+				struct cnode *k)
+{
+	return cache_fresh(c, dir->list_time) &&
+	       (k ? k->slot == S_ABSENT : dir->complete);
+}
+
 static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		    const char *name, struct sbx_node **out, struct stat *st)
 {
@@ -221,8 +232,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		cache_unlock(c);
 		return 0;
 	}
-	if ((k && k->slot == S_ABSENT && cache_fresh(c, dir->list_time)) ||
-	    (!k && dir->complete && cache_fresh(c, dir->list_time))) {
+	if (known_absent_locked(c, dir, k)) {
 		cache_unlock(c);
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOENT, "no '%s'", name);
 	}
@@ -310,16 +320,29 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 {
 	struct cache *c = CACHE(sb);
 	struct cnode *n = CNODE(node);
+	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR, .in = in,
+				       .valid = valid };
 	struct sbx_node *inode;
+	bool pushed;
 	int rc;
 
 	(void)fh;
-	rc = wb_push_node(c, n);
-	if (rc < 0)
-		return rc;
-	rc = (int)ON_INNER(c, n, inode,
-			   c->inner->ops->setattr(c->inner, inode, NULL, in,
-						  valid, out));
+	/* tar's fchown/fchmod/futimens before close: the buffered bytes and
+	 * the setattr in one exchange when they fit. */
+	rc = wb_push_node_then(c, n, &then, out, &pushed);
+	if (rc < 0 && !pushed)
+		return rc; /* as a failed push below */
+	if (rc == 0) {
+		rc = wb_push_node(c, n);
+		if (rc < 0)
+			return rc;
+		rc = (int)ON_INNER(c, n, inode,
+				   c->inner->ops->setattr(c->inner, inode,
+							  NULL, in, valid,
+							  out));
+	} else if (rc > 0) {
+		rc = 0;
+	}
 	if (rc < 0) {
 		cache_lock(c);
 		tree_invalidate_file(n);
@@ -461,37 +484,35 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_open_result res;
 	struct sbx_node *in, *made = NULL;
 	struct cfile *f;
-	bool absent;
+	bool expect;
 	int rc = cache_check_name(name);
 
 	if (rc < 0)
 		return rc;
 	memset(&res, 0, sizeof(res));
 	/*
-	 * Without O_EXCL the file may exist already: then no event comes,
-	 * and an unconsumed expectation would swallow a later one.  Unless
-	 * the name is known absent (we removed it, or saw it go, and the
-	 * stream would have told us otherwise): a linker unlinks its output,
-	 * then creates it with O_CREAT|O_TRUNC, and the event of that create
-	 * would otherwise make the new file's content unknown (its local
-	 * image, see cache_wb.c) while it is being written.
+	 * Without O_EXCL the file may exist already: then no event of ours
+	 * comes, and an unconsumed expectation would swallow a later one.
+	 * Unless the tree knows the name is absent (the kernel's LOOKUP
+	 * before this CREATE said so): then exactly one entry event comes,
+	 * ours, or -- the file was made behind us and its event is still on
+	 * its way -- that one, which says nothing our answer does not.
+	 * A linker unlinks its output, then creates it so: had the event
+	 * of that create not been expected, it would make the new file's
+	 * content unknown (its local image, cache_wb.c) while it is being
+	 * written.
 	 */
-	cache_lock(c);
-	k = tree_kid_find(dir, name);
-	absent = k && k->slot == S_ABSENT && cache_healthy(c);
-	cache_unlock(c);
-	if ((flags & O_EXCL) || absent)
-		rc = EXPECTING(c, dir, name,
-			       ON_INNER(c, dir, in,
-					c->inner->ops->create(c->inner, in,
-							      name, mode,
-							      flags, &made,
-							      st, &res)));
-	else
-		rc = (int)ON_INNER(c, dir, in,
+	expect = flags & O_EXCL;
+	if (!expect) {
+		cache_lock(c);
+		expect = known_absent_locked(c, dir, tree_kid_find(dir, name));
+		cache_unlock(c);
+	}
+	rc = EXPECTING_IF(c, expect, dir, name,
+			  ON_INNER(c, dir, in,
 				   c->inner->ops->create(c->inner, in, name,
 							 mode, flags, &made,
-							 st, &res));
+							 st, &res)));
 	if (rc < 0)
 		return rc;
 	/* I/O opens the file by its path each time (see cache_i.h). */
@@ -632,8 +653,16 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
 	struct cache_io io;
+	/* The buffered bytes and the fsync in one exchange when they fit. */
+	struct sbx_write_then then = { .kind = SBX_THEN_FSYNC,
+				       .datasync = datasync };
+	bool pushed;
+	int rc = wb_push_then(c, f, &then, NULL, &pushed);
+
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
 	/* msync write-back may have come through another open file. */
-	int rc = wb_push_node(c, f->node);
+	rc = wb_push_node(c, f->node);
 	if (rc == 0)
 		rc = wb_io_begin(c, f, &io);
 	if (rc == 0) {

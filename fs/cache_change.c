@@ -138,6 +138,7 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 	if (ch->kind == SBX_CHANGE_OVERFLOW || !ch->path) {
 		cache_lock(c);
 		c->events++;
+		c->foreign++;
 		change_expect_clear(c);
 		tree_forget_all(&c->root);
 		cache_unlock(c);
@@ -154,6 +155,7 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		cache_unlock(c);
 		return;
 	}
+	c->foreign++;
 	n = tree_resolve(c, ch->path, false);
 	if (n)
 		wb_node_changed(n); /* even dirty: its local image is old */

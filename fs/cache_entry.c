@@ -16,20 +16,96 @@
 #include "sbx/xmalloc.h"
 #include "cache_i.h"
 
+/* ---- attributes on the side (cache_i.h) ---------------------------------- */
+
+static __thread struct side_call tl_side;
+
+struct side_call *side_tl(void)
+{
+	return &tl_side;
+}
+
+void side_begin(struct cache *c, struct side_call *sc, struct cnode *dir,
+		struct cnode *dir2)
+{
+	memset(sc, 0, sizeof(*sc));
+	sc->dirs[0] = dir;
+	sc->dirs[1] = dir2;
+	cache_lock(c);
+	for (int i = 0; i < 2; i++)
+		sc->dir_time[i] = sc->dirs[i] && sc->dirs[i]->st_valid
+					  ? sc->dirs[i]->st_time
+					  : -1;
+	sc->events = c->events;
+	sc->foreign = c->foreign;
+	sc->gen = ++c->side_gen;
+	sc->alone = c->side_busy++ == 0;
+	cache_unlock(c);
+	sbx_side_arm(&sc->side);
+}
+
+void side_end(struct cache *c, struct side_call *sc)
+{
+	sbx_side_arm(NULL);
+	cache_lock(c);
+	c->side_busy--;
+	sc->ended = true;
+	cache_unlock(c);
+}
+
+bool side_take_locked(struct cache *c, struct side_call *sc)
+{
+	bool ok = sc->ended && sc->alone && c->side_gen == sc->gen &&
+		  (sc->dirs[0] || c->events == sc->events);
+
+	/*
+	 * Our change counts as an event for fetches that were out across it
+	 * (the `gen` of cache_unlock_path()): their answer may predate it,
+	 * and once our own entry event is dropped as expected nothing else
+	 * would correct what they keep.
+	 */
+	if (sc->ended)
+		c->events++;
+	sc->ended = false;
+	return ok;
+}
+
+/*
+ * c->lock held: directory dir (sc->dirs[i]) changed with an entry in it.
+ * Use the attributes the call handed back (`has`, `st`) when it may (see
+ * struct side_call), else let the next getattr fetch them.
+ */
+static void dir_changed(struct cache *c, struct side_call *sc, bool ok,
+			int i, struct cnode *dir, bool has,
+			const struct stat *st)
+{
+	if (ok && has && sc->dirs[i] == dir && dir->slot == S_PRESENT &&
+	    dir->st_valid &&
+	    dir->st_time == sc->dir_time[i] && dir->st.st_ino == st->st_ino &&
+	    S_ISDIR(st->st_mode))
+		tree_refresh_st(c, dir, st);
+	else
+		dir->st_valid = false;
+}
+
 /*
  * After an inner call created `name` in dir with attributes st: record the
- * entry, and note that dir itself changed.
+ * entry, and note that dir itself changed (with the attributes the call
+ * handed back on the side when it ran under EXPECTING).
  */
 struct cnode *entry_created(struct cache *c, struct cnode *dir,
 			    const char *name, const struct stat *st)
 {
+	struct side_call *sc = side_tl();
 	struct cnode *k;
+	bool ok;
 
 	cache_lock(c);
+	ok = side_take_locked(c, sc);
 	change_own_done(c);
 	k = tree_name_st(c, dir, name, st);
 	content_drop(c, k);
-	dir->st_valid = false;
+	dir_changed(c, sc, ok, 0, dir, sc->side.has_dir, &sc->side.dir);
 	cache_unlock(c);
 	return k;
 }
@@ -164,9 +240,12 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 /* After a name vanished from dir through us. */
 static void removed(struct cache *c, struct cnode *dir, const char *name)
 {
+	struct side_call *sc = side_tl();
 	struct cnode *k;
+	bool ok;
 
 	cache_lock(c);
+	ok = side_take_locked(c, sc);
 	change_own_done(c);
 	k = tree_kid_find(dir, name);
 	if (k) {
@@ -175,7 +254,7 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 		tree_invalidate_file(k);
 		content_drop(c, k);
 	}
-	dir->st_valid = false;
+	dir_changed(c, sc, ok, 0, dir, sc->side.has_dir, &sc->side.dir);
 	cache_unlock(c);
 }
 
@@ -223,7 +302,9 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct cache *c = CACHE(sb);
 	struct cnode *from = CNODE(parent), *to = CNODE(newparent), *a, *b;
 	struct sbx_node *fi = NULL, *ti = NULL;
+	struct side_call sc = { .ended = false };
 	char *fp, *tp;
+	bool ok;
 	int rc;
 
 	rc = cache_check_name(name);
@@ -269,8 +350,10 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 			e1 = change_expect(c, from, name);
 			e2 = change_expect(c, to, newname);
 		}
+		side_begin(c, &sc, from, to != from ? to : NULL);
 		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
 					   flags);
+		side_end(c, &sc);
 		if (rc < 0) {
 			change_expect_cancel(c, e1);
 			change_expect_cancel(c, e2);
@@ -284,11 +367,14 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		return rc;
 
 	cache_lock(c);
-	change_own_done(c);
 	a = tree_kid_find(from, name);
 	b = tree_kid_find(to, newname);
-	from->st_valid = false;
-	to->st_valid = false;
+	ok = side_take_locked(c, &sc);
+	change_own_done(c);
+	dir_changed(c, &sc, ok, 0, from, sc.side.has_dir, &sc.side.dir);
+	if (to != from)
+		dir_changed(c, &sc, ok, 1, to, sc.side.has_newdir,
+			    &sc.side.newdir);
 	if (flags & RENAME_EXCHANGE) {
 		if (a && b && a != b) {
 			tree_kid_unlink(from, a);
@@ -313,7 +399,16 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		}
 		if (a) {
 			tree_kid_move(a, to, newname);
-			a->st_valid = false; /* ctime changed */
+			/* Its ctime changed, for every name of it.  The batch's
+			 * stat of it is kept when no change but our own came
+			 * in while the call was out (struct side_call). */
+			tree_invalidate_file(a);
+			if (ok && sc.side.has_obj && c->foreign == sc.foreign &&
+			    a->slot == S_PRESENT &&
+			    a->st.st_ino == sc.side.obj.st_ino &&
+			    (a->st.st_mode & S_IFMT) ==
+				    (sc.side.obj.st_mode & S_IFMT))
+				tree_refresh_st(c, a, &sc.side.obj);
 		}
 		/* The old name is now known to be free. */
 		tree_kid_get(from, name)->slot = S_ABSENT;

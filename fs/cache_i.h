@@ -237,12 +237,18 @@ struct cache {
 	struct cnode *orphans;     /* detached nodes (by orphan_next) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
-	 * Count of changes applied: change events, and entry operations
-	 * through the mount (change_own_done).  A fetch that sees it move
+	 * Count of changes applied: change events, entry operations through
+	 * the mount (change_own_done) and the side calls of our own entry
+	 * changes and pushes (side_take_locked).  A fetch that sees it move
 	 * while its request was out may hold data from before the change: it
 	 * is returned but not trusted as cached (not fresh, not complete).
 	 */
 	unsigned long events;
+	/* Of those, the ones not dropped as our own (struct side_call). */
+	unsigned long foreign;
+	/* Calls handing back attributes on the side (struct side_call). */
+	unsigned side_busy;        /* in flight */
+	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
 	/* The last statfs answer, reused for CACHE_STATFS_TTL (c_statfs). */
 	struct statvfs statfs;
@@ -314,15 +320,68 @@ int cache_check_name(const char *name);
 		r_;                                                            \
 	})
 
-/* Evaluate `call` (an int rc) expecting an entry event for dir/name. */
-#define EXPECTING(c, dir, name, call)                                          \
+/*
+ * Evaluate `call` (an int rc) expecting an entry event for dir/name when
+ * `want` is true, with the thread's side call (side_tl()) armed around
+ * it either way.
+ */
+#define EXPECTING_IF(c, want, dir, name, call)                                 \
 	({                                                                     \
-		struct expect *x_ = change_expect(c, dir, name);               \
-		int rx_ = (int)(call);                                         \
-		if (rx_ < 0)                                                   \
+		struct expect *x_ =                                            \
+			(want) ? change_expect(c, dir, name) : NULL;           \
+		int rx_;                                                       \
+		side_begin(c, side_tl(), (struct cnode *)(dir), NULL);         \
+		rx_ = (int)(call);                                             \
+		side_end(c, side_tl());                                        \
+		if (rx_ < 0) {                                                 \
+			side_tl()->ended = false;                              \
 			change_expect_cancel(c, x_);                           \
+		}                                                              \
 		rx_;                                                           \
 	})
+#define EXPECTING(c, dir, name, call) EXPECTING_IF(c, true, dir, name, call)
+
+/* ---- cache_entry.c: attributes on the side (struct sbx_side) ----------- */
+
+/*
+ * One inner call that may hand back attributes on the side: the parent
+ * directories of an entry operation, the file of a write.  They replace a
+ * refetch only when nothing can have changed them after the provider took
+ * them.  Entry calls: the directory's attributes were valid when the call
+ * began and no event (nor fetch) has touched them since -- an event about
+ * the directory or an entry in it marks them invalid, while our own
+ * expected entry events do not.  Writes: no change event at all was
+ * applied meanwhile.  Both: no other side call (entry or write) was in
+ * flight at any time meanwhile -- two calls in one directory, or pushes of
+ * one file through two open files, may answer in either order.
+ */
+struct side_call {
+	struct sbx_side side;
+	struct cnode *dirs[2];  /* entry calls: the directories, or NULL */
+	double dir_time[2];     /* their st_time at side_begin(); -1 invalid */
+	unsigned long events, foreign, gen;
+	bool alone;  /* no other side call in flight when it began */
+	bool ended;  /* side_end() ran; not taken yet */
+};
+/* The calling thread's side call (used by EXPECTING). */
+struct side_call *side_tl(void);
+/*
+ * Arm sc on this thread before the inner call: an entry call in dir (and
+ * dir2, rename into another directory), or a write (both NULL).  No lock
+ * held.
+ */
+void side_begin(struct cache *c, struct side_call *sc, struct cnode *dir,
+		struct cnode *dir2);
+/* Disarm after the inner call.  No lock held. */
+void side_end(struct cache *c, struct side_call *sc);
+/*
+ * c->lock held: may sc's attributes be used now, as far as other calls
+ * and (for writes) events go?  A directory's own check (dir_time) is the
+ * caller's.  Consumes sc (a second call says false).  The has_* flags
+ * still say which were filled.  A call that ended counts as an applied
+ * event (c->events), so that a fetch that was out across it is not kept.
+ */
+bool side_take_locked(struct cache *c, struct side_call *sc);
 
 /* ---- cache_entry.c: sbx_sandbox_ops of entries; no lock held ----------- */
 
@@ -447,6 +506,22 @@ void wb_io_end(struct cache *c, struct cache_io *io);
  * stay buffered (the next push retries them) and the error is returned.
  */
 int wb_push(struct cache *c, struct cfile *f);
+/*
+ * Push f's buffered bytes and do `then` (fsync, or a setattr of the file)
+ * in one exchange (the wrapped sandbox's write_then).  1: pushed and
+ * done, *st (may be NULL) the file's attributes after both; 0: nothing
+ * done (nothing buffered, another open file of the node holds bytes too,
+ * no such op, O_APPEND, too large): push and do `then` separately;
+ * -errno: failed.  *pushed says whether the bytes were written (then
+ * only `then` failed); if not they stay buffered.  No lock held.
+ */
+int wb_push_then(struct cache *c, struct cfile *f,
+		 const struct sbx_write_then *then, struct stat *st,
+		 bool *pushed);
+/* wb_push_then() of the one open file of n that holds buffered bytes. */
+int wb_push_node_then(struct cache *c, struct cnode *n,
+		      const struct sbx_write_then *then, struct stat *st,
+		      bool *pushed);
 /* Push every buffered write of node n (all its open files). */
 int wb_push_node(struct cache *c, struct cnode *n);
 /* Push every buffered write of the files in directory dir. */

@@ -245,10 +245,19 @@ static void dirty_del(struct cache *c, struct cfile *f)
 
 static struct cfile *img_of(struct cache *c, struct cnode *n);
 
-/* The sandbox's file changed under the node: cached views are old. */
-static void written(struct cache *c, struct cnode *n)
+/*
+ * The sandbox's file changed under the node: cached views are old.  `st`
+ * (may be NULL): its attributes after the write, handed back on the side
+ * and usable (struct side_call), which spares the next getattr a fetch.
+ */
+static void written(struct cache *c, struct cnode *n, const struct stat *st)
 {
 	tree_invalidate_file(n);
+	/* Only under a name known to be the file's (an event may have
+	 * made it UNKNOWN: a refresh would make it PRESENT again). */
+	if (st && n->slot == S_PRESENT && st->st_ino == n->st.st_ino &&
+	    S_ISREG(st->st_mode))
+		tree_refresh_st(c, n, st);
 	content_drop(c, n);
 }
 
@@ -298,6 +307,53 @@ static void img_fill_gaps(struct cfile *f)
 }
 
 /*
+ * Take f's extents out for a push (wlock and c->lock held): gaps filled
+ * first when f holds the node's image, which goes with them (once pushed,
+ * the sandbox has the file and its own attributes).  The file stays on
+ * c->dirty until they are delivered.  Returns how many (*ext set).
+ */
+static size_t ext_take(struct cache *c, struct cfile *f, struct wb_ext **ext)
+{
+	size_t next;
+
+	if (f->next > 1 && img_of(c, f->node) == f)
+		img_fill_gaps(f);
+	*ext = f->ext;
+	next = f->next;
+	if (next) {
+		f->ext = NULL;
+		f->next = f->ext_cap = 0;
+		f->buf_len = 0;
+		img_forget(f);
+	}
+	return next;
+}
+
+/*
+ * Put back what a push did not deliver (wlock and c->lock held): extent i
+ * of ext[0..next) from byte `done` on, and the ones after it.  No write
+ * can have been buffered meanwhile (the caller holds wlock).  Retried by
+ * the next push; the flusher waits a full expiry first.
+ */
+static void ext_keep(struct cfile *f, struct wb_ext *ext, size_t next,
+		     size_t i, size_t done)
+{
+	struct wb_ext *e = &ext[i];
+
+	memmove(e->data, e->data + done, e->len - done);
+	e->off += (off_t)done;
+	e->len -= done;
+	for (size_t j = 0; j < i; j++)
+		free(ext[j].data);
+	memmove(ext, ext + i, (next - i) * sizeof(*ext));
+	f->ext = ext;
+	f->next = f->ext_cap = next - i;
+	for (size_t j = 0; j < f->next; j++)
+		f->buf_len += ext[j].len;
+	f->dirty_since = cache_now();
+}
+
+/*
  * Write one extent through io; returns the bytes delivered (*rc set on
  * failure).  No lock held.
  */
@@ -328,64 +384,123 @@ static size_t push_extent(struct cache *c, struct cache_io *io,
  */
 static int push_locked(struct cache *c, struct cfile *f)
 {
+	struct side_call sc;
 	struct cache_io io;
 	struct wb_ext *ext;
 	size_t next, i = 0, done = 0, sent = 0;
+	bool ok;
 	int rc;
 
 	cache_lock(c);
-	if (f->next > 1 && img_of(c, f->node) == f)
-		img_fill_gaps(f);
-	ext = f->ext;
-	next = f->next;
-	if (next) {
-		/* Taken out; the file stays on c->dirty until delivered.
-		 * The image goes with them: once pushed, the sandbox has the
-		 * file and its own attributes. */
-		f->ext = NULL;
-		f->next = f->ext_cap = 0;
-		f->buf_len = 0;
-		img_forget(f);
-	}
+	next = ext_take(c, f, &ext);
 	cache_unlock(c);
 	if (!next)
 		return 0;
 	rc = wb_io_begin(c, f, &io);
+	side_begin(c, &sc, NULL, NULL);
 	for (; rc == 0 && i < next; i++) {
 		done = push_extent(c, &io, &ext[i], &rc);
 		sent += done;
 		if (rc < 0)
 			break;
 	}
+	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
+	/* The last write's answer describes the file after all of them. */
+	ok = side_take_locked(c, &sc) && i == next && sc.side.has_file;
 	if (sent)
-		written(c, f->node);
+		written(c, f->node, ok ? &sc.side.file : NULL);
 	if (i == next) {
 		ext_free(ext, next);
 		dirty_del(c, f);
 	} else {
-		/*
-		 * Keep what did not get through: extent i from `done` on and
-		 * the ones after it.  No write can have been buffered
-		 * meanwhile (the caller holds wlock).  Retried by the next
-		 * push; the flusher waits a full expiry first.
-		 */
-		struct wb_ext *e = &ext[i];
-
-		memmove(e->data, e->data + done, e->len - done);
-		e->off += (off_t)done;
-		e->len -= done;
-		for (size_t j = 0; j < i; j++)
-			free(ext[j].data);
-		memmove(ext, ext + i, (next - i) * sizeof(*ext));
-		f->ext = ext;
-		f->next = f->ext_cap = next - i;
-		for (size_t j = 0; j < f->next; j++)
-			f->buf_len += ext[j].len;
-		f->dirty_since = cache_now();
+		ext_keep(f, ext, next, i, done);
 	}
 	cache_unlock(c);
+	return rc;
+}
+
+int wb_push_then(struct cache *c, struct cfile *f,
+		 const struct sbx_write_then *then, struct stat *st,
+		 bool *pushed)
+{
+	struct cnode *n = f->node;
+	struct side_call sc;
+	struct cache_io io;
+	struct stat got;
+	struct wb_ext *ext = NULL;
+	size_t next = 0;
+	bool ok, landed = false;
+	int rc;
+
+	*pushed = false;
+	if (!c->inner->ops->write_then || (f->flags & O_APPEND))
+		return 0;
+	pthread_mutex_lock(&f->wlock);
+	cache_lock(c);
+	/* Only when f holds the node's only unpushed bytes, in one extent
+	 * (gaps filled from the image first). */
+	if (f->next && f->on_dirty && n->dirty == 1) {
+		if (f->next > 1 && img_of(c, n) == f)
+			img_fill_gaps(f);
+		if (f->next == 1)
+			next = ext_take(c, f, &ext);
+	}
+	cache_unlock(c);
+	if (!next) {
+		pthread_mutex_unlock(&f->wlock);
+		return 0;
+	}
+	rc = wb_io_begin(c, f, &io);
+	side_begin(c, &sc, NULL, NULL);
+	if (rc == 0)
+		rc = c->inner->ops->write_then(c->inner, io.fh, ext[0].data,
+					       ext[0].len, ext[0].off, then,
+					       &got, &landed);
+	side_end(c, &sc);
+	wb_io_end(c, &io);
+	cache_lock(c);
+	ok = side_take_locked(c, &sc) && rc == 0;
+	if (landed) {
+		written(c, n, ok ? &got : NULL);
+		ext_free(ext, next);
+		dirty_del(c, f);
+	} else {
+		/* Nothing landed: the bytes stay for the next push. */
+		ext_keep(f, ext, next, 0, 0);
+	}
+	cache_unlock(c);
+	pthread_mutex_unlock(&f->wlock);
+	*pushed = landed;
+	if (rc == -E2BIG && !landed) {
+		sbx_error_clear();
+		return 0;
+	}
+	if (rc == 0 && st)
+		*st = got;
+	return rc < 0 ? rc : 1;
+}
+
+int wb_push_node_then(struct cache *c, struct cnode *n,
+		      const struct sbx_write_then *then, struct stat *st,
+		      bool *pushed)
+{
+	struct cfile *f = NULL;
+	int rc;
+
+	*pushed = false;
+	cache_lock(c);
+	if (n->dirty == 1)
+		for (f = c->dirty; f && f->node != n; f = f->dnext)
+			;
+	if (f)
+		wb_file_get(f);
+	cache_unlock(c);
+	if (!f)
+		return 0;
+	rc = wb_push_then(c, f, then, st, pushed);
+	wb_file_put(c, f);
 	return rc;
 }
 
@@ -635,7 +750,7 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		if (rc == 0)
 			wb_io_end(c, &io);
 		cache_lock(c);
-		written(c, f->node);
+		written(c, f->node, NULL);
 		cache_unlock(c);
 		goto out;
 	}
@@ -689,7 +804,7 @@ int wb_release(struct cache *c, struct cfile *f)
 			ext_free_all(f);
 			img_forget(f);
 			dirty_del(c, f);
-			written(c, f->node);
+			written(c, f->node, NULL);
 		}
 		cache_unlock(c);
 		pthread_mutex_unlock(&f->wlock);

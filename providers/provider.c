@@ -183,6 +183,19 @@ const struct sbx_caller *sbx_caller_get(void)
 	return tl_caller_set ? &tl_caller : NULL;
 }
 
+/* Attributes on the side (sbx/provider.h): a pointer, owned by the caller. */
+static __thread struct sbx_side *tl_side;
+
+void sbx_side_arm(struct sbx_side *s)
+{
+	tl_side = s;
+}
+
+struct sbx_side *sbx_side_get(void)
+{
+	return tl_side;
+}
+
 void sbx_sandbox_free(struct sbx_sandbox *sb)
 {
 	if (sb)

@@ -354,6 +354,15 @@ typedef int (*sbx_repo_object_cb)(const char *name, uint64_t size,
 				  uint64_t offset, const void *data,
 				  size_t len, int err, void *payload);
 
+/* What write_then() does after its write (struct sbx_sandbox_ops). */
+enum sbx_then { SBX_THEN_FSYNC, SBX_THEN_SETATTR };
+struct sbx_write_then {
+	enum sbx_then kind;
+	bool datasync;          /* SBX_THEN_FSYNC */
+	const struct stat *in;  /* SBX_THEN_SETATTR: as setattr()'s */
+	int valid;              /* SBX_THEN_SETATTR: SBX_SET_* */
+};
+
 struct sbx_sandbox_ops {
 	unsigned version; /* SBX_SANDBOX_OPS_VERSION */
 
@@ -433,6 +442,23 @@ struct sbx_sandbox_ops {
 	/* close(2) of one descriptor of the open file: push buffered data. */
 	int (*flush)(struct sbx_sandbox *sb, struct sbx_file *fh);
 	int (*fsync)(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
+	/*
+	 * Optional: write `size` bytes at `off`, then do `then` (an fsync of
+	 * the file, or a setattr of it as setattr() does), in one exchange,
+	 * and fill *st with the file's attributes after both.  Stops at the
+	 * first failure.  *written (set in every case) says whether every
+	 * byte was written: when false nothing may be assumed written (the
+	 * caller keeps the bytes and may write them again; a write at an
+	 * offset is idempotent); when true and the result is -errno, the
+	 * `then` part failed.  -E2BIG (nothing done) when `size` is more
+	 * than one exchange carries or the file is O_APPEND: the caller then
+	 * writes and does `then` separately.  NULL: write, then fsync or
+	 * setattr.
+	 */
+	int (*write_then)(struct sbx_sandbox *sb, struct sbx_file *fh,
+			  const void *buf, size_t size, off_t off,
+			  const struct sbx_write_then *then, struct stat *st,
+			  bool *written);
 	/* Last reference to the open file is gone; frees fh. */
 	int (*release)(struct sbx_sandbox *sb, struct sbx_file *fh);
 
@@ -618,6 +644,42 @@ struct sbx_caller {
 void sbx_caller_set(const struct sbx_caller *c);
 /* The calling thread's caller, or NULL.  Valid until the next set. */
 const struct sbx_caller *sbx_caller_get(void);
+
+/*
+ * Attributes on the side (optional both ways).  A remote provider learns
+ * the new attributes of the directories an entry operation changed, and of
+ * a file it wrote, in the same exchange (one batch, the write's answer);
+ * handing them back spares the caller a stat round trip.  Around mknod,
+ * mkdir, symlink, link, create, unlink, rmdir, rename and write, a caller
+ * that can use them (the caching layer) arms a zeroed struct sbx_side on
+ * its thread with sbx_side_arm(); a provider that finds one armed
+ * (sbx_side_get() != NULL) during such an operation may fill what it knows
+ * and set the matching has_* flag, and must leave the rest alone.
+ * Nothing is filled on failure.  Like struct sbx_caller this is a
+ * thread-local so the ops table stays unchanged: providers that ignore it
+ * (local, decorators) keep working, the caller then asks again.
+ *
+ *   dir     entry operations: the directory the entry was made in or
+ *           removed from (rename: the old name's, link: the new name's),
+ *           taken after the change;
+ *   newdir  rename into another directory: the new name's directory;
+ *   obj     rename (not RENAME_EXCHANGE): the moved object at its new
+ *           name, after;
+ *   file    write: the written file after the write (the last chunk's).
+ */
+struct sbx_side {
+	struct stat dir, newdir, obj, file;
+	bool has_dir, has_newdir, has_obj, has_file;
+};
+
+/*
+ * Arm `s` (the caller's, zeroed) for the calling thread's next operations;
+ * NULL disarms.  The caller keeps ownership and disarms before `s` goes
+ * away.  Thread-local, like sbx_caller_set().
+ */
+void sbx_side_arm(struct sbx_side *s);
+/* The calling thread's armed struct sbx_side, or NULL. */
+struct sbx_side *sbx_side_get(void);
 
 /* Free a sandbox handle through its ops; accepts NULL. */
 void sbx_sandbox_free(struct sbx_sandbox *sb);

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -250,6 +251,11 @@ static int m_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (rc == 0) {
 		pthread_mutex_lock(&s->lock);
 		rc = pmem_rename_locked(s, from, to, flags);
+		if (rc == 0)
+			pmem_side_locked(s, OP_RENAME, from, to);
+		/* Exchanged: no one object moved to `to`. */
+		if (rc == 0 && (flags & RENAME_EXCHANGE) && sbx_side_get())
+			sbx_side_get()->has_obj = false;
 		pthread_mutex_unlock(&s->lock);
 	}
 	free(from);
@@ -445,6 +451,7 @@ static const struct sbx_sandbox_ops pmem_ops = {
 	.write = pmem_op_write,
 	.flush = pmem_op_flush,
 	.fsync = pmem_op_fsync,
+	.write_then = pmem_op_write_then,
 	.release = pmem_op_release,
 	.fallocate = pmem_op_fallocate,
 	.lseek = pmem_op_lseek,

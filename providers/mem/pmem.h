@@ -38,7 +38,13 @@
  *    file_fd, copy_file_range, xattrs, exec_start and node_stale (NULL:
  *    callers get -ENOSYS/-EOPNOTSUPP as usual).  fallocate supports mode 0
  *    only (-EOPNOTSUPP otherwise); lseek SEEK_DATA/SEEK_HOLE (no holes).
- *    flush and syncfs have nothing to push and return 0.  readdir takes a
+ *    flush and syncfs have nothing to push and return 0.  write_then
+ *    writes all or fails (-EIO for a short write), has no size limit,
+ *    and answers -E2BIG for O_APPEND files; its setattr is setattr's.
+ *    Attributes on the side (struct sbx_side, sbx/provider.h): when the
+ *    calling thread armed one, a successful entry operation fills the
+ *    entry's directory (rename: both) and a write the file, taken under
+ *    the tree lock right after the change.  readdir takes a
  *    snapshot of the listing at the first call and whenever it is asked to
  *    start at cookie 0; cookies are 1 ".", 2 "..", then 3 + index.  bulk
  *    walks breadth first: each directory's DIR record, then FILE records
@@ -158,6 +164,15 @@ void pmem_set_hook(struct sbx_sandbox *sb, pmem_hook_fn fn, void *payload);
  */
 SBX_WUR int pmem_gate_arm(struct sbx_sandbox *sb, const char *op,
 			  const char *path);
+
+/*
+ * The same, but the call parks once its work is done, before it returns
+ * (operations on one path: getattr, setattr, readlink, open, read, write,
+ * ...; not entry operations), so that its answer is from before whatever
+ * the test does meanwhile.
+ */
+SBX_WUR int pmem_gate_arm_after(struct sbx_sandbox *sb, const char *op,
+				const char *path);
 
 /*
  * Wait up to timeout_ms for a call to park at the gate: 0 when one is

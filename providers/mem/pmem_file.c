@@ -190,6 +190,54 @@ ssize_t pmem_op_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 	return rc < 0 ? rc : a.n;
 }
 
+struct wthen_args {
+	struct io_args io;
+	const struct sbx_write_then *then;
+	struct stat *st;
+	bool *written;
+};
+
+/* write_then: the whole write, then the fsync (nothing to do) or the
+ * setattr, then the file's attributes. */
+static int write_then_fn(struct pmem *s, const char *path, void *arg)
+{
+	struct wthen_args *a = arg;
+	int rc = write_fn(s, path, &a->io);
+
+	if (rc == 0 && (size_t)a->io.n != a->io.size)
+		rc = sbx_error_set(SBX_ERR_REMOTE, -EIO, "%s: short write",
+				   path);
+	if (rc < 0)
+		return rc;
+	*a->written = true;
+	if (a->then->kind == SBX_THEN_SETATTR)
+		return pmem_setattr_locked(s, path, a->then->in,
+					   a->then->valid, a->st);
+	return pmem_stat_locked(s, path, a->st);
+}
+
+int pmem_op_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
+		       const void *buf, size_t size, off_t off,
+		       const struct sbx_write_then *then, struct stat *st,
+		       bool *written)
+{
+	struct pfile *f = PFILE(fh);
+	struct wthen_args a = {
+		.io = { .cbuf = buf, .size = size, .off = off,
+			.flags = f->flags },
+		.then = then,
+		.st = st,
+		.written = written,
+	};
+
+	*written = false;
+	if (f->flags & O_APPEND)
+		return sbx_error_set(SBX_ERR_OS, -E2BIG,
+				     "write_then: O_APPEND");
+	return pmem_path_op(PMEM(sb), OP_WRITE_THEN, f->path, write_then_fn,
+			    &a);
+}
+
 int pmem_op_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 {
 	return pmem_enter(PMEM(sb), OP_FLUSH, PFILE(fh)->path);

@@ -38,6 +38,7 @@ enum op {
 	OP_RELEASE, OP_FALLOCATE, OP_LSEEK, OP_OPENDIR, OP_READDIR,
 	OP_FSYNCDIR, OP_RELEASEDIR, OP_STATFS, OP_NODE_PATH, OP_WATCH_START,
 	OP_WATCH_SYNC, OP_WATCH_STOP, OP_BULK, OP_SYNCFS, OP_NODE_AT,
+	OP_WRITE_THEN,
 	OP_COUNT
 };
 
@@ -117,6 +118,7 @@ struct pmem {
 	pthread_cond_t gate_cond;
 	int gate_op;          /* -1: not armed */
 	char *gate_path;      /* NULL: any */
+	bool gate_after;      /* park after the work (pmem_gate_arm_after) */
 	bool gate_parked, gate_open;
 
 	/* The change stream. */
@@ -163,6 +165,15 @@ int pmem_path_op(struct pmem *s, enum op op, const char *path,
 int pmem_child_op(struct pmem *s, enum op op, struct sbx_node *parent,
 		  const char *name, pmem_locked_fn fn, void *arg,
 		  struct sbx_node **out);
+
+/*
+ * After operation `op` on `path` succeeded (rename: `newpath` too): fill
+ * the calling thread's armed struct sbx_side (sbx/provider.h), if any --
+ * the entry's directory (and the new name's, and the object at it) for
+ * entry operations, the file for writes.  Caller holds s->lock.
+ */
+void pmem_side_locked(struct pmem *s, enum op op, const char *path,
+		      const char *newpath);
 
 /* Queue a change.  Caller holds s->lock.  `path` NULL for OVERFLOW. */
 void pmem_emit_locked(struct pmem *s, int kind, const char *path);
@@ -250,6 +261,10 @@ ssize_t pmem_op_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 		      const void *buf, size_t size, off_t off);
 int pmem_op_flush(struct sbx_sandbox *sb, struct sbx_file *fh);
 int pmem_op_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);
+int pmem_op_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
+		       const void *buf, size_t size, off_t off,
+		       const struct sbx_write_then *then, struct stat *st,
+		       bool *written);
 int pmem_op_release(struct sbx_sandbox *sb, struct sbx_file *fh);
 int pmem_op_fallocate(struct sbx_sandbox *sb, struct sbx_file *fh, int mode,
 		      off_t off, off_t len);

@@ -29,6 +29,7 @@ static const char *const op_names[OP_COUNT] = {
 	"release", "fallocate", "lseek", "opendir", "readdir",
 	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
 	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
+	"write_then",
 };
 
 static int op_index(const char *name)
@@ -42,6 +43,30 @@ static int op_index(const char *name)
 /* ---- instrumentation ----------------------------------------------------- */
 
 /*
+ * s->lock held: park at the gate if it is armed for op on path, at this
+ * point (`after`: once the operation's work is done), until released.
+ */
+static void gate_locked(struct pmem *s, enum op op, const char *path,
+			bool after)
+{
+	if (s->gate_op != (int)op || s->gate_after != after ||
+	    s->gate_parked || s->gate_open ||
+	    (s->gate_path && strcmp(s->gate_path, path) != 0))
+		return;
+	s->gate_parked = true;
+	pthread_cond_broadcast(&s->gate_cond);
+	while (!s->gate_open)
+		pthread_cond_wait(&s->gate_cond, &s->lock);
+	/* Disarmed: the next arm starts afresh. */
+	s->gate_op = -1;
+	s->gate_parked = false;
+	s->gate_open = false;
+	free(s->gate_path);
+	s->gate_path = NULL;
+	pthread_cond_broadcast(&s->gate_cond);
+}
+
+/*
  * Start of an operation: gate, hook, counter, fault (see pmem.h).  Returns
  * 0 or the injected error.  Called without s->lock.
  */
@@ -53,20 +78,7 @@ int pmem_enter(struct pmem *s, enum op op, const char *path)
 	int rc = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->gate_op == (int)op && !s->gate_parked && !s->gate_open &&
-	    (!s->gate_path || strcmp(s->gate_path, path) == 0)) {
-		s->gate_parked = true;
-		pthread_cond_broadcast(&s->gate_cond);
-		while (!s->gate_open)
-			pthread_cond_wait(&s->gate_cond, &s->lock);
-		/* Disarmed: the next arm starts afresh. */
-		s->gate_op = -1;
-		s->gate_parked = false;
-		s->gate_open = false;
-		free(s->gate_path);
-		s->gate_path = NULL;
-		pthread_cond_broadcast(&s->gate_cond);
-	}
+	gate_locked(s, op, path, false);
 	hook = s->hook;
 	payload = s->hook_payload;
 	pthread_mutex_unlock(&s->lock);
@@ -98,8 +110,56 @@ int pmem_path_op(struct pmem *s, enum op op, const char *path,
 		return rc;
 	pthread_mutex_lock(&s->lock);
 	rc = fn(s, path, arg);
+	if (rc == 0)
+		pmem_side_locked(s, op, path, NULL);
+	gate_locked(s, op, path, true);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
+}
+
+/* Stat the directory part of path into *st; true when it worked. */
+static bool stat_parent_locked(struct pmem *s, const char *path,
+			       struct stat *st)
+{
+	const char *slash = strrchr(path, '/');
+	char *dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
+			  : sbx_xstrdup("");
+	bool ok = pmem_stat_locked(s, dir, st) == 0;
+
+	free(dir);
+	if (!ok)
+		sbx_error_clear();
+	return ok;
+}
+
+void pmem_side_locked(struct pmem *s, enum op op, const char *path,
+		      const char *newpath)
+{
+	struct sbx_side *side = sbx_side_get();
+
+	if (!side)
+		return;
+	switch (op) {
+	case OP_MKNOD: case OP_MKDIR: case OP_SYMLINK: case OP_LINK:
+	case OP_UNLINK: case OP_RMDIR: case OP_CREATE: case OP_RENAME:
+		side->has_dir = stat_parent_locked(s, path, &side->dir);
+		if (newpath) {
+			side->has_newdir =
+				stat_parent_locked(s, newpath, &side->newdir);
+			side->has_obj = pmem_stat_locked(s, newpath,
+							 &side->obj) == 0;
+			if (!side->has_obj)
+				sbx_error_clear();
+		}
+		break;
+	case OP_WRITE: case OP_WRITE_THEN:
+		side->has_file = pmem_stat_locked(s, path, &side->file) == 0;
+		if (!side->has_file)
+			sbx_error_clear();
+		break;
+	default:
+		break;
+	}
 }
 
 int pmem_child_op(struct pmem *s, enum op op, struct sbx_node *parent,
@@ -170,7 +230,8 @@ void pmem_set_hook(struct sbx_sandbox *sb, pmem_hook_fn fn, void *payload)
 	pthread_mutex_unlock(&s->lock);
 }
 
-int pmem_gate_arm(struct sbx_sandbox *sb, const char *op, const char *path)
+static int gate_arm(struct sbx_sandbox *sb, const char *op, const char *path,
+		    bool after)
 {
 	struct pmem *s = PMEM(sb);
 	int i = op_index(op);
@@ -187,9 +248,21 @@ int pmem_gate_arm(struct sbx_sandbox *sb, const char *op, const char *path)
 	free(s->gate_path);
 	s->gate_path = path ? sbx_xstrdup(path) : NULL;
 	s->gate_op = i;
+	s->gate_after = after;
 	s->gate_open = false;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+int pmem_gate_arm(struct sbx_sandbox *sb, const char *op, const char *path)
+{
+	return gate_arm(sb, op, path, false);
+}
+
+int pmem_gate_arm_after(struct sbx_sandbox *sb, const char *op,
+			const char *path)
+{
+	return gate_arm(sb, op, path, true);
 }
 
 int pmem_gate_wait(struct sbx_sandbox *sb, int timeout_ms)

@@ -118,13 +118,101 @@ int premote_batch1(struct premote_sandbox *s, const struct sbx_batch_op *op,
 	return premote_fs_errno(rc);
 }
 
+/* The directory part of `path` ("" for a name in the root), malloc'd. */
+static char *parent_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	return slash ? sbx_xstrndup(path, (size_t)(slash - path))
+		     : sbx_xstrdup("");
+}
+
+/*
+ * Run `op` like premote_batch1(), and when the calling thread armed a
+ * struct sbx_side (see sbx/provider.h), stat the directories `dir` and
+ * `newdir` and the object `obj` (each may be NULL) in the same batch,
+ * after the op, into side->dir / side->newdir / side->obj.  A failed stat
+ * only leaves its flag unset.
+ */
+static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
+		      const char *dir, const char *newdir, const char *obj,
+		      cJSON **res)
+{
+	struct sbx_side *side = sbx_side_get();
+	struct sbx_batch_op ops[4] = { *op };
+	struct stat *dst[4] = { NULL };
+	bool *flag[4] = { NULL };
+	cJSON *req, *ans = NULL, *r = NULL;
+	size_t n = 1;
+	char ctx[300];
+	int rc;
+
+	if (!side || !dir)
+		return premote_batch1(s, op, res);
+	if (res)
+		*res = NULL;
+	ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+					.path = (char *)dir };
+	dst[n] = &side->dir;
+	flag[n++] = &side->has_dir;
+	if (newdir && strcmp(newdir, dir) != 0) {
+		ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+						.path = (char *)newdir };
+		dst[n] = &side->newdir;
+		flag[n++] = &side->has_newdir;
+	}
+	if (obj) {
+		ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
+						.path = (char *)obj };
+		dst[n] = &side->obj;
+		flag[n++] = &side->has_obj;
+	}
+	req = sbx_batch_encode(ops, n, false);
+	snprintf(ctx, sizeof(ctx), "%s %s", sbx_batch_kind_name(op->kind),
+		 op->path ? op->path : "");
+	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
+			       false, &ans);
+	cJSON_Delete(req);
+	if (rc < 0) {
+		cJSON_Delete(ans);
+		return premote_fs_errno(rc);
+	}
+	/* Results are detached from the end: each take shrinks the array. */
+	for (size_t i = n; i-- > 1;) {
+		struct stat st;
+
+		if (sbx_batch_result_take(ans, i + 1, i, ctx, &r) == 0 &&
+		    premote_get_st(s, r, "st", &st) == 0) {
+			*dst[i] = st;
+			*flag[i] = true;
+		}
+		sbx_error_clear();
+		cJSON_Delete(r);
+		r = NULL;
+	}
+	rc = sbx_batch_result_take(ans, 1, 0, ctx, &r);
+	if (rc < 0) {
+		/* The op failed: the stats say nothing the caller may use. */
+		side->has_dir = side->has_newdir = side->has_obj = false;
+	}
+	if (rc == 0 && res)
+		*res = r;
+	else
+		cJSON_Delete(r);
+	cJSON_Delete(ans);
+	return premote_fs_errno(rc);
+}
+
 /* Run an op whose result carries the object's "st" (stat `path` when an
- * older agent left it out). */
+ * older agent left it out); the parent's attributes on the side. */
 static int batch_st(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		    const char *path, struct stat *st)
 {
 	cJSON *r = NULL;
-	int rc = premote_batch1(s, op, &r);
+	char *dir = parent_of(path);
+	int rc = batch_side(s, op, dir, NULL, NULL, &r);
+
+	free(dir);
 
 	if (rc == 0) {
 		if (cJSON_GetObjectItemCaseSensitive(r, "st"))
@@ -223,25 +311,33 @@ static void op_time(int valid, int now, int set, const struct timespec *ts,
 	}
 }
 
-static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
-		     struct sbx_file *fh, const struct stat *in, int valid,
-		     struct stat *out)
+/* The batch op of setattr(`in`, `valid`) on path (borrowed). */
+static void setattr_op(struct sbx_batch_op *op, char *path,
+		       const struct stat *in, int valid)
 {
-	struct premote_sandbox *s = RSB(sb);
-	char *path = premote_npath(s, node);
-	struct sbx_batch_op op = {
+	*op = (struct sbx_batch_op){
 		.kind = SBX_BATCH_SETATTR, .path = path,
 		.has_mode = valid & SBX_SET_MODE, .mode = in->st_mode & 07777,
 		.has_uid = valid & SBX_SET_UID, .uid = in->st_uid,
 		.has_gid = valid & SBX_SET_GID, .gid = in->st_gid,
 		.has_size = valid & SBX_SET_SIZE, .size = in->st_size,
 	};
+	op_time(valid, SBX_SET_ATIME_NOW, SBX_SET_ATIME, &in->st_atim,
+		&op->atime_set, &op->atime_s, &op->atime_ns);
+	op_time(valid, SBX_SET_MTIME_NOW, SBX_SET_MTIME, &in->st_mtim,
+		&op->mtime_set, &op->mtime_s, &op->mtime_ns);
+}
+
+static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
+		     struct sbx_file *fh, const struct stat *in, int valid,
+		     struct stat *out)
+{
+	struct premote_sandbox *s = RSB(sb);
+	char *path = premote_npath(s, node);
+	struct sbx_batch_op op;
 	int rc;
 
-	op_time(valid, SBX_SET_ATIME_NOW, SBX_SET_ATIME, &in->st_atim,
-		&op.atime_set, &op.atime_s, &op.atime_ns);
-	op_time(valid, SBX_SET_MTIME_NOW, SBX_SET_MTIME, &in->st_mtim,
-		&op.mtime_set, &op.mtime_s, &op.mtime_ns);
+	setattr_op(&op, path, in, valid);
 	rc = batch_st(s, &op, path, out);
 	free(path);
 	return rc;
@@ -372,8 +468,10 @@ static int remove_entry(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct premote_sandbox *s = RSB(sb);
 	struct sbx_batch_op op = { .kind = kind,
 				   .path = premote_cpath(s, parent, name) };
-	int rc = premote_batch1(s, &op, NULL);
+	char *dir = parent_of(op.path);
+	int rc = batch_side(s, &op, dir, NULL, NULL, NULL);
 
+	free(dir);
 	sbx_batch_op_fini(&op);
 	return rc;
 }
@@ -396,6 +494,7 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 {
 	struct premote_sandbox *s = RSB(sb);
 	struct sbx_batch_op op = { .kind = SBX_BATCH_RENAME };
+	char *dir, *newdir;
 	int rc;
 
 	if (flags & ~(unsigned)(RENAME_EXCHANGE | RENAME_NOREPLACE))
@@ -407,7 +506,13 @@ static int r_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	/* The wire carries one of the two: exchange wins. */
 	op.flags = (flags & RENAME_EXCHANGE) ? RENAME_EXCHANGE
 					     : flags & RENAME_NOREPLACE;
-	rc = premote_batch1(s, &op, NULL);
+	dir = parent_of(op.path);
+	newdir = parent_of(op.newpath);
+	/* The moved object too (its ctime changed), unless exchanged. */
+	rc = batch_side(s, &op, dir, newdir,
+			(flags & RENAME_EXCHANGE) ? NULL : op.newpath, NULL);
+	free(dir);
+	free(newdir);
 	if (rc == 0) {
 		pthread_mutex_lock(&s->nodes_lock);
 		premote_move_locked(s, op.path, op.newpath,
@@ -563,6 +668,20 @@ static ssize_t write_chunk(struct premote_sandbox *s, const char *path,
 		goto out;
 	}
 	rc = (ssize_t)w->valuedouble;
+	if (sbx_side_get()) {
+		struct sbx_side *side = sbx_side_get();
+		struct stat st;
+
+		/* The file after this chunk: older agents send no "st". */
+		if (cJSON_GetObjectItemCaseSensitive(j, "st") &&
+		    premote_get_st(s, j, "st", &st) == 0) {
+			side->file = st;
+			side->has_file = true;
+		} else {
+			side->has_file = false;
+			sbx_error_clear();
+		}
+	}
 out:
 	cJSON_Delete(j);
 	premote_resp_fini(&resp);
@@ -628,6 +747,86 @@ int premote_fsync_path(struct premote_sandbox *s, struct premote_node *n,
 static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 {
 	return premote_fsync_path(RSB(sb), RFILE(fh)->node, datasync);
+}
+
+/*
+ * The most r_write_then() sends: the batch is JSON (at most 1 MiB, the
+ * agent's limit) and the data goes in it as base64 (4/3 larger).
+ */
+#define WRITE_THEN_MAX ((size_t)512 << 10)
+
+/* The result `i` of a batch of `n` (taken from the end, see batch_side). */
+static int take_result(cJSON *ans, size_t i, const char *ctx, cJSON **r)
+{
+	return sbx_batch_result_take(ans, i + 1, i, ctx, r);
+}
+
+/*
+ * One batch {write, fsync or setattr, stat}, stopping at the first error:
+ * the stat gives the file's attributes after both (batch writes answer no
+ * "st").
+ */
+static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
+			const void *buf, size_t size, off_t off,
+			const struct sbx_write_then *then, struct stat *st,
+			bool *written)
+{
+	struct premote_sandbox *s = RSB(sb);
+	struct premote_file *f = RFILE(fh);
+	struct sbx_batch_op ops[3];
+	char *path, ctx[300];
+	cJSON *req, *ans = NULL, *r[3] = { NULL, NULL, NULL };
+	const cJSON *w;
+	int rc, rcs[3];
+
+	*written = false;
+	if (size > WRITE_THEN_MAX || (f->flags & O_APPEND))
+		return sbx_error_set(SBX_ERR_OS, -E2BIG,
+				     "write: %zu bytes do not fit a batch",
+				     size);
+	if (off < 0)
+		return sbx_error_set(SBX_ERR_OS, -EINVAL, "write: offset < 0");
+	path = premote_npath(s, (struct sbx_node *)f->node);
+	ops[0] = (struct sbx_batch_op){ .kind = SBX_BATCH_WRITE, .path = path,
+					.data = (unsigned char *)buf,
+					.data_len = size, .offset = off };
+	if (then->kind == SBX_THEN_SETATTR)
+		setattr_op(&ops[1], path, then->in, then->valid);
+	else
+		ops[1] = (struct sbx_batch_op){ .kind = SBX_BATCH_FSYNC,
+						.path = path,
+						.datasync = then->datasync };
+	ops[2] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT, .path = path };
+	req = sbx_batch_encode(ops, 3, true);
+	snprintf(ctx, sizeof(ctx), "write+%s %s",
+		 sbx_batch_kind_name(ops[1].kind), path);
+	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
+			       false, &ans);
+	cJSON_Delete(req);
+	if (rc == 0) {
+		/* Taken from the end; the first error is the one that counts
+		 * (the ops after it answer ECANCELED). */
+		for (size_t i = 3; i-- > 0;)
+			rcs[i] = take_result(ans, i, ctx, &r[i]);
+		rc = rcs[0];
+		if (rc == 0) {
+			w = cJSON_GetObjectItemCaseSensitive(r[0], "written");
+			if (!cJSON_IsNumber(w) || w->valuedouble != (double)size)
+				rc = sbx_error_set(SBX_ERR_REMOTE, -EIO,
+						   "%s: short write", ctx);
+		}
+		if (rc == 0) {
+			*written = true;
+			rc = rcs[1] < 0 ? rcs[1] : rcs[2];
+		}
+		if (rc == 0)
+			rc = premote_get_st(s, r[2], "st", st);
+	}
+	for (size_t i = 0; i < 3; i++)
+		cJSON_Delete(r[i]);
+	cJSON_Delete(ans);
+	free(path);
+	return premote_fs_errno(rc);
 }
 
 static int r_release(struct sbx_sandbox *sb, struct sbx_file *fh)
@@ -764,6 +963,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.write = r_write,
 	.flush = r_flush,
 	.fsync = r_fsync,
+	.write_then = r_write_then,
 	.release = r_release,
 	.fallocate = r_fallocate,
 	.lseek = r_lseek,

@@ -416,6 +416,82 @@ static void test_events(void **state)
 	assert_false(e->ops->watch_healthy(e->sb));
 }
 
+/* Attributes on the side (struct sbx_side) and write_then. */
+static void test_side_attrs(void **state)
+{
+	struct env *e = *state;
+	struct sbx_open_result res;
+	struct sbx_node *d, *n;
+	struct sbx_side side;
+	struct stat st, real;
+
+	assert_int_equal(e->ops->mkdir(e->sb, e->root, "d", 0755, &d, &st), 0);
+	/* Not armed: nothing filled. */
+	memset(&side, 0, sizeof(side));
+	assert_int_equal(e->ops->create(e->sb, d, "f", 0644,
+					O_CREAT | O_WRONLY, &n, &st, &res),
+			 0);
+	assert_false(side.has_dir);
+	assert_int_equal(e->ops->release(e->sb, res.fh), 0);
+	e->ops->forget(e->sb, n);
+
+	sbx_side_arm(&side);
+	assert_int_equal(e->ops->create(e->sb, d, "g", 0644,
+					O_CREAT | O_WRONLY, &n, &st, &res),
+			 0);
+	assert_true(side.has_dir);
+	assert_int_equal(pmem_ext_stat(e->sb, "d", &real), 0);
+	assert_int_equal(side.dir.st_ino, real.st_ino);
+	assert_int_equal(side.dir.st_mtim.tv_nsec, real.st_mtim.tv_nsec);
+	assert_int_equal(e->ops->write(e->sb, res.fh, "abc", 3, 0), 3);
+	assert_true(side.has_file);
+	assert_int_equal(side.file.st_size, 3);
+	{
+		struct sbx_write_then fs = { .kind = SBX_THEN_FSYNC };
+		struct stat in = { .st_mode = 0600, .st_size = -1 };
+		struct sbx_write_then sa = { .kind = SBX_THEN_SETATTR,
+					     .in = &in, .valid = SBX_SET_MODE };
+		bool written = false;
+
+		assert_int_equal(e->ops->write_then(e->sb, res.fh, "defg", 4,
+						    3, &fs, &st, &written),
+				 0);
+		assert_true(written);
+		assert_int_equal(st.st_size, 7);
+		assert_int_equal(e->ops->write_then(e->sb, res.fh, "h", 1, 7,
+						    &sa, &st, &written),
+				 0);
+		assert_true(written);
+		assert_int_equal(st.st_size, 8);
+		assert_int_equal(st.st_mode & 07777, 0600);
+		/* The setattr fails after the write landed: said so. */
+		sa.valid = SBX_SET_SIZE;
+		written = false;
+		assert_true(e->ops->write_then(e->sb, res.fh, "i", 1, 8, &sa,
+					       &st, &written) < 0);
+		assert_true(written);
+		sbx_error_clear();
+	}
+	assert_int_equal(e->ops->release(e->sb, res.fh), 0);
+	e->ops->forget(e->sb, n);
+
+	memset(&side, 0, sizeof(side));
+	assert_int_equal(e->ops->rename(e->sb, d, "g", e->root, "h", 0), 0);
+	assert_true(side.has_dir && side.has_newdir);
+	assert_int_equal(side.dir.st_ino, real.st_ino);
+	assert_int_equal(side.newdir.st_ino, 1);
+	memset(&side, 0, sizeof(side));
+	assert_int_equal(e->ops->unlink(e->sb, e->root, "h"), 0);
+	assert_true(side.has_dir);
+	assert_int_equal(side.dir.st_ino, 1);
+	/* A failed operation fills nothing. */
+	memset(&side, 0, sizeof(side));
+	assert_int_equal(e->ops->unlink(e->sb, e->root, "h"), -ENOENT);
+	assert_false(side.has_dir);
+	sbx_side_arm(NULL);
+	e->ops->forget(e->sb, d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -429,6 +505,7 @@ int main(void)
 		TH_TEST(test_faults_and_counters),
 		TH_TEST(test_gate_orders_calls),
 		TH_TEST(test_events),
+		TH_TEST(test_side_attrs),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
