@@ -2,7 +2,8 @@
  * Cached file contents; see cache_i.h.
  *
  * Contents live in memory up to CACHE_MEM_BUDGET, least recently used
- * first out.  Large ones spill to a file of their own under the disk
+ * first out (and content read to its end before anything else: the
+ * kernel's page cache has it).  Large ones spill to a file of their own under the disk
  * directory, named by a serial number unique in this cache, so a newer
  * content can never be confused with an older spill.  The decision to
  * spill or remove is taken under c->lock; the disk work itself is queued
@@ -46,6 +47,18 @@ static void lru_push(struct cache *c, struct content *ct)
 	c->lru_head = ct;
 	if (!c->lru_tail)
 		c->lru_tail = ct;
+}
+
+/* Least recently used end: the first to go. */
+static void lru_append(struct cache *c, struct content *ct)
+{
+	ct->lru_next = NULL;
+	ct->lru_prev = c->lru_tail;
+	if (c->lru_tail)
+		c->lru_tail->lru_next = ct;
+	c->lru_tail = ct;
+	if (!c->lru_head)
+		c->lru_head = ct;
 }
 
 static char *disk_name(const struct cache *c, const struct content *ct)
@@ -99,6 +112,7 @@ void content_drop(struct cache *c, struct cnode *n)
 
 	if (!ct)
 		return;
+	ahead_consumed(c, ct);
 	if (ct->data) {
 		lru_unlink(c, ct);
 		c->mem_bytes -= ct->len;
@@ -124,6 +138,7 @@ static void content_trim(struct cache *c)
 		struct content *ct = c->lru_tail;
 
 		lru_unlink(c, ct);
+		ahead_consumed(c, ct);
 		c->mem_bytes -= ct->len;
 		if (c->disk_dir && ct->len >= CACHE_DISK_MIN) {
 			queue_job(c, disk_name(c, ct), ct->data, ct->len,
@@ -187,8 +202,17 @@ ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 		size = avail;
 	if (ct->data) {
 		memcpy(buf, (char *)ct->data + off, size);
-		lru_unlink(c, ct); /* most recently used first */
-		lru_push(c, ct);
+		ahead_consumed(c, ct);
+		lru_unlink(c, ct);
+		/*
+		 * Read to its end: the kernel's page cache holds it now, so it
+		 * is the first to go (a cold walk then needs no more memory
+		 * than its look-ahead); else most recently used first.
+		 */
+		if ((size_t)off + size >= ct->len)
+			lru_append(c, ct);
+		else
+			lru_push(c, ct);
 		return (ssize_t)size;
 	}
 	if (disk_out)

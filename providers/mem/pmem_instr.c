@@ -41,6 +41,19 @@ static int op_index(const char *name)
 
 /* ---- instrumentation ----------------------------------------------------- */
 
+void pmem_hook_point(struct pmem *s, const char *name, const char *path)
+{
+	pmem_hook_fn hook;
+	void *payload;
+
+	pthread_mutex_lock(&s->lock);
+	hook = s->hook;
+	payload = s->hook_payload;
+	pthread_mutex_unlock(&s->lock);
+	if (hook)
+		hook(name, path, payload);
+}
+
 /*
  * Start of an operation: gate, hook, counter, fault (see pmem.h).  Returns
  * 0 or the injected error.  Called without s->lock.
