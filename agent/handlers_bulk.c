@@ -348,7 +348,7 @@ int agent_h_bulk(struct agent_req *r)
 	return agent_reply_stream(r, s);
 }
 
-/* ---- POST /v1/fs/bulk: the content of listed files ------------------------ */
+/* ---- POST /v1/fs/bulk: the content of listed files ----------------------- */
 
 /*
  * The look-ahead prefetch of a client (docs/design.md, "Scale") asks for

@@ -47,8 +47,15 @@ struct ahead {
 	pthread_cond_t cond;  /* workers: a job queued or room in the window */
 	struct ahead_job *queue, **qtail; /* planned, not sent yet */
 	unsigned nqueued;
-	/* The plan: the walk continues after `cursor` (NULL: no plan). */
-	struct cnode *cursor;
+	/*
+	 * The plan: a depth-first walk, one frame per directory entered
+	 * (its kids in listing order, taken when entered, and the next
+	 * one's index); `pending` is a file the last request had no room
+	 * for.  No frame and no pending file: no plan.
+	 */
+	struct frame *stack;
+	size_t depth, cap;
+	struct cnode *pending;
 	unsigned plan;        /* current plan's number, from 1 */
 	size_t inflight;      /* content bytes of requests out */
 	size_t unread;        /* fetched by the current plan, not read yet */
@@ -58,48 +65,96 @@ struct ahead {
 
 /* ---- the walk ------------------------------------------------------------ */
 
-static struct cnode *first_kid(struct cnode *dir)
+struct frame {
+	struct cnode **kids;  /* nodes live as long as the cache */
+	size_t n, next;
+};
+
+/* Enter dir: a frame with its kids in listing order. */
+static void push_frame(struct ahead *a, struct cnode *dir)
 {
+	size_t cap = sbx_hashmap_count(&dir->kids), n = 0;
 	struct sbx_hashmap_iter it;
+	struct frame *f;
 	struct cnode *k;
 
+	if (a->depth == a->cap) {
+		a->cap = a->cap ? a->cap * 2 : 16;
+		a->stack = sbx_xrealloc(a->stack, a->cap * sizeof(*a->stack));
+	}
+	f = &a->stack[a->depth++];
+	f->kids = sbx_xcalloc(cap ? cap : 1, sizeof(*f->kids));
 	tree_for_each_kid(k, it, dir)
-		return k;
-	return NULL;
+		if (n < cap)
+			f->kids[n++] = k;
+	f->n = n;
+	f->next = 0;
 }
 
-/* The kid of dir that the listing shows after x (listing order). */
-static struct cnode *kid_after(struct cnode *dir, struct cnode *x)
+static void pop_frame(struct ahead *a)
 {
-	struct sbx_hashmap_iter it;
-	struct cnode *k;
-	bool seen = false;
+	free(a->stack[--a->depth].kids);
+}
 
-	tree_for_each_kid(k, it, dir) {
-		if (seen)
+static void plan_clear(struct ahead *a)
+{
+	while (a->depth)
+		pop_frame(a);
+	a->pending = NULL;
+}
+
+static bool walk_enters(const struct cnode *k)
+{
+	return k->slot == S_PRESENT && k->st_valid && S_ISDIR(k->st.st_mode);
+}
+
+/*
+ * The next node of the walk, NULL at its end.  The order is fts's (grep
+ * -r, find): depth first, each directory's entries in listing order,
+ * which is the kids' hash order (snapshot_listing), the order readdir
+ * showed the kernel.
+ */
+static struct cnode *walk_next(struct ahead *a)
+{
+	while (a->depth) {
+		struct frame *f = &a->stack[a->depth - 1];
+
+		if (f->next < f->n) {
+			struct cnode *k = f->kids[f->next++];
+
+			if (walk_enters(k))
+				push_frame(a, k);
 			return k;
-		seen = k == x;
+		}
+		pop_frame(a);
 	}
 	return NULL;
 }
 
-/*
- * The node after x in a depth-first walk of the tree in listing order
- * (entering x's own directory first when `enter`); NULL past the end.
- * Listings are snapshots of the kids' hash order (snapshot_listing), so
- * this is the order in which the kernel's readdir showed them.
- */
-static struct cnode *walk_next(struct cnode *x, bool enter)
+/* A new plan: the walk goes on after n (the frames of n's ancestors). */
+static void walk_from(struct ahead *a, struct cnode *n)
 {
-	struct cnode *k;
+	struct cnode *up[256];
+	size_t nup = 0;
 
-	if (enter && x->st_valid && S_ISDIR(x->st.st_mode) &&
-	    (k = first_kid(x)))
-		return k;
-	for (; x->parent; x = x->parent)
-		if ((k = kid_after(x->parent, x)))
-			return k;
-	return NULL;
+	plan_clear(a);
+	for (struct cnode *x = n; x->parent && nup < 256; x = x->parent)
+		up[nup++] = x;
+	/* up[nup - 1] is a kid of the root; deeper than 256: from there. */
+	for (struct cnode *dir = up[nup - 1]->parent; nup > 0; nup--) {
+		struct cnode *x = up[nup - 1];
+		struct frame *f;
+
+		push_frame(a, dir);
+		f = &a->stack[a->depth - 1];
+		f->next = f->n;
+		for (size_t i = 0; i < f->n; i++)
+			if (f->kids[i] == x) {
+				f->next = i + 1;
+				break;
+			}
+		dir = x;
+	}
 }
 
 /* Is n a file whose content a request should bring? */
@@ -126,30 +181,35 @@ static void job_add(struct ahead_job *j, struct cnode *n, size_t *cap)
 }
 
 /*
- * The next request of the plan: `first` (when not NULL), then the files
- * the walk reaches after it or after the cursor, up to AHEAD_REQ_BYTES and
+ * The next request of the plan: `first` (when not NULL: a new plan from
+ * it), then the files the walk reaches, up to AHEAD_REQ_BYTES and
  * AHEAD_REQ_FILES.  NULL when the walk is over.  c->lock held.
  */
 static struct ahead_job *plan_next(struct cache *c, struct cnode *first)
 {
 	struct ahead *a = c->ahead;
 	struct ahead_job *j = sbx_xcalloc(1, sizeof(*j));
-	struct cnode *x = first ? first : a->cursor, *nx;
+	struct cnode *x;
 	size_t cap = 0;
 
-	if (first)
+	if (first) {
+		walk_from(a, first);
 		job_add(j, first, &cap);
-	while (x && j->n < AHEAD_REQ_FILES) {
-		nx = walk_next(x, true);
-		if (nx && wanted(nx)) {
-			if (j->n &&
-			    j->bytes + (size_t)nx->st.st_size > AHEAD_REQ_BYTES)
-				break; /* the next request starts with it */
-			job_add(j, nx, &cap);
-		}
-		x = nx;
 	}
-	a->cursor = x;
+	while (j->n < AHEAD_REQ_FILES) {
+		x = a->pending ? a->pending : walk_next(a);
+		a->pending = NULL;
+		if (!x)
+			break;
+		if (!wanted(x))
+			continue;
+		if (j->n &&
+		    j->bytes + (size_t)x->st.st_size > AHEAD_REQ_BYTES) {
+			a->pending = x; /* the next request starts with it */
+			break;
+		}
+		job_add(j, x, &cap);
+	}
 	if (!j->n) {
 		free(j);
 		return NULL;
@@ -247,7 +307,7 @@ static void job_run(struct cache *c, struct ahead_job *j)
 /* Room for another request of the plan?  c->lock held. */
 static bool room(const struct ahead *a)
 {
-	return a->cursor && !a->disabled &&
+	return (a->depth || a->pending) && !a->disabled &&
 	       a->inflight + a->unread < AHEAD_WINDOW;
 }
 
@@ -347,7 +407,6 @@ bool ahead_wait(struct cache *c, struct cnode *n)
 		 * reader did not want no longer holds the window. */
 		a->plan++;
 		a->unread = 0;
-		a->cursor = NULL;
 		j = plan_next(c, n);
 		enqueue(a, j, true);
 		fill(c);
@@ -390,6 +449,8 @@ void ahead_stop(struct cache *c)
 			j->nodes[i]->ahead = false;
 		job_free(j);
 	}
+	plan_clear(a);
+	free(a->stack);
 	pthread_cond_destroy(&a->cond);
 	free(a);
 	c->ahead = NULL;

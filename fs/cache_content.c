@@ -3,9 +3,9 @@
  *
  * Contents live in memory up to CACHE_MEM_BUDGET, least recently used
  * first out (and content read to its end before anything else: the
- * kernel's page cache has it).  Large ones spill to a file of their own under the disk
- * directory, named by a serial number unique in this cache, so a newer
- * content can never be confused with an older spill.  The decision to
+ * kernel's page cache has it).  Large ones spill to a file of their own
+ * under the disk directory, named by a serial number unique in this
+ * cache, so a newer content can never be confused with an older spill.  The decision to
  * spill or remove is taken under c->lock; the disk work itself is queued
  * (struct disk_job) and done by cache_unlock() once the lock is dropped,
  * so no request waits on the disk for another one.  A spilled content

@@ -4,6 +4,7 @@
  * (pmem_opts.bulk_max_total), as the agent's does past its 32 MiB budget:
  *  - a cold walk in listing order (as fts walks) reads every file with no
  *    read of its own: a few bulk requests of listed files, content right;
+ *    also when it starts after a read elsewhere in the tree;
  *  - content fetched ahead and then changed behind the mount is not
  *    served;
  *  - a change during a request (after the sandbox read the files) keeps
@@ -233,6 +234,24 @@ static void test_cold_walk(void **state)
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
 }
 
+/*
+ * A read in the middle of the tree starts the plan there (the walk goes on
+ * after it, out of its directory into the next ones); the walk that
+ * follows starts new plans where it misses: still no read of its own.
+ */
+static void test_plan_starts_where_the_reader_is(void **state)
+{
+	struct env *e = *state;
+	unsigned nread = 0;
+
+	pmem_calls_reset(e->mem);
+	check_file(e, "a/sub/f07", file_no("a/sub/f07"), 0);
+	walk(e, "", &nread);
+	assert_int_equal(nread, NDIRS * NFILES);
+	assert_int_equal(pmem_calls(e->mem, "read"), 0);
+	assert_true(pmem_calls(e->mem, "bulk") <= 1 + 2 * 3);
+}
+
 /* A file other than `not` whose content the cache holds, or NULL. */
 static const char *find_cached(struct env *e, const char *not,
 			       char *path, size_t cap)
@@ -334,6 +353,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_cold_walk, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(
+			test_plan_starts_where_the_reader_is, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_changed_after_prefetch,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_change_during_request,
