@@ -286,8 +286,14 @@ static void job_run(struct cache *c, struct ahead_job *j)
 		.nfiles = j->n,
 	};
 	struct job_ctx x = {c, j};
-	int rc = c->inner->ops->bulk(c->inner, "", &o, job_item, &x);
+	bool off;
+	int rc = 0;
 
+	cache_lock(c);
+	off = c->ahead->disabled; /* planned before an ENOSYS came back */
+	cache_unlock(c);
+	if (!off)
+		rc = c->inner->ops->bulk(c->inner, "", &o, job_item, &x);
 	cache_lock(c);
 	if (rc < 0) {
 		sbx_debug("look-ahead of %zu files failed: %s", j->n,

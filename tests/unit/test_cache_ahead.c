@@ -4,7 +4,8 @@
  * (pmem_opts.bulk_max_total), as the agent's does past its 32 MiB budget:
  *  - a cold walk in listing order (as fts walks) reads every file with no
  *    read of its own: a few bulk requests of listed files, content right;
- *    also when it starts after a read elsewhere in the tree;
+ *    also when it starts after a read elsewhere in the tree; without
+ *    the sandbox's support, every file is read alone as before;
  *  - content fetched ahead and then changed behind the mount is not
  *    served;
  *  - a change during a request (after the sandbox read the files) keeps
@@ -252,6 +253,27 @@ static void test_plan_starts_where_the_reader_is(void **state)
 	assert_true(pmem_calls(e->mem, "bulk") <= 1 + 2 * 3);
 }
 
+/*
+ * A sandbox that cannot send listed files (an older agent: ENOSYS): each
+ * file is read on its own, as before, and the look-ahead is not tried
+ * again.
+ */
+static void test_without_bulk_files(void **state)
+{
+	struct env *e = *state;
+	struct stat st;
+	unsigned nread = 0;
+
+	lookup_path(e, "a", &st); /* the walk */
+	assert_int_equal(pmem_fail(e->mem, "bulk", -ENOSYS, -1), 0);
+	pmem_calls_reset(e->mem);
+	walk(e, "", &nread);
+	assert_int_equal(nread, NDIRS * NFILES);
+	/* The requests planned before the first answer came back. */
+	assert_true(pmem_calls(e->mem, "bulk") <= AHEAD_WORKERS);
+	assert_int_equal(pmem_calls(e->mem, "read"), NDIRS * NFILES);
+}
+
 /* A file other than `not` whose content the cache holds, or NULL. */
 static const char *find_cached(struct env *e, const char *not,
 			       char *path, size_t cap)
@@ -355,6 +377,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(
 			test_plan_starts_where_the_reader_is, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_without_bulk_files, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_changed_after_prefetch,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_change_during_request,
