@@ -89,10 +89,10 @@ int agent_h_health(struct agent_req *r)
 
 int agent_h_info(struct agent_req *r)
 {
-	static const char *const caps[] = { "fs",	  "bulk",  "bulk_files",
-					    "batch",   "exec",  "pty",
-					    "xattr",   "archive", "repo",
-					    "alias" };
+	static const char *const caps[] = {
+		"fs",  "bulk",  "bulk_files", "batch", "exec",
+		"pty", "xattr", "archive",    "repo",  "alias",
+	};
 	cJSON *o = cJSON_CreateObject();
 	cJSON *l = cJSON_CreateObject();
 	cJSON *c;

@@ -2,14 +2,15 @@
  * Cached file contents; see cache_i.h.
  *
  * Contents live in memory up to CACHE_MEM_BUDGET, least recently used
- * first out (and content read to its end before anything else: the
- * kernel's page cache has it).  Large ones spill to a file of their own
- * under the disk directory, named by a serial number unique in this
- * cache, so a newer content can never be confused with an older spill.  The decision to
- * spill or remove is taken under c->lock; the disk work itself is queued
- * (struct disk_job) and done by cache_unlock() once the lock is dropped,
- * so no request waits on the disk for another one.  A spilled content
- * becomes readable from disk only when its file is complete.
+ * first out, except that content read to its end goes before anything
+ * else and is dropped rather than spilled: the kernel's page cache has it.
+ * Other large ones spill to a file of their own under the disk directory,
+ * named by a serial number unique in this cache, so a newer content can
+ * never be confused with an older spill.  The decision to spill or remove
+ * is taken under c->lock; the disk work itself is queued (struct
+ * disk_job) and done by cache_unlock() once the lock is dropped, so no
+ * request waits on the disk for another one.  A spilled content becomes
+ * readable from disk only when its file is complete.
  */
 #include "config.h"
 
@@ -140,7 +141,8 @@ static void content_trim(struct cache *c)
 		lru_unlink(c, ct);
 		ahead_consumed(c, ct);
 		c->mem_bytes -= ct->len;
-		if (c->disk_dir && ct->len >= CACHE_DISK_MIN) {
+		if (c->disk_dir && ct->len >= CACHE_DISK_MIN &&
+		    !ct->delivered) {
 			queue_job(c, disk_name(c, ct), ct->data, ct->len,
 				  ct->serial);
 			ct->spilling = true;
@@ -206,10 +208,12 @@ ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 		lru_unlink(c, ct);
 		/*
 		 * Read to its end: the kernel's page cache holds it now, so it
-		 * is the first to go (a cold walk then needs no more memory
-		 * than its look-ahead); else most recently used first.
+		 * is the first to go, and not to disk (a cold walk then needs
+		 * no more memory than its look-ahead, and writes nothing);
+		 * else most recently used first.
 		 */
-		if ((size_t)off + size >= ct->len)
+		ct->delivered = (size_t)off + size >= ct->len;
+		if (ct->delivered)
 			lru_append(c, ct);
 		else
 			lru_push(c, ct);

@@ -61,7 +61,7 @@
  * Memory for cached contents; beyond it, least recently used spill.  The
  * kernel's page cache keeps what was read, so this holds what is about to
  * be read (prefetched) and what the kernel may ask for again; content
- * read to its end is the first to go (content_read).
+ * read to its end is the first to go, and is dropped, not spilled.
  */
 #define CACHE_MEM_BUDGET (64u << 20)
 /* Contents at least this large spill to disk instead of being dropped. */
@@ -118,6 +118,7 @@ struct content {
 	struct timespec mtime;
 	struct content *lru_prev, *lru_next; /* contents held in memory */
 	unsigned ahead_plan;  /* fetched ahead by this plan, unread; or 0 */
+	bool delivered;       /* last read reached its end (content_read) */
 };
 
 /* Every field is protected by c->lock. */

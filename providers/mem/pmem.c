@@ -417,8 +417,7 @@ static int m_bulk(struct sbx_sandbox *sb, const char *dir,
 	struct sbx_bulk_opts lim = *o;
 	struct bwalk w = {0};
 	char *p = NULL;
-	int rc = pmem_enter(s, OP_BULK,
-			    o->nfiles ? o->files[0] : dir);
+	int rc = pmem_enter(s, OP_BULK, o->nfiles ? o->files[0] : dir);
 
 	if (rc == 0)
 		rc = pmem_clean(dir, &p);

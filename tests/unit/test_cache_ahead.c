@@ -10,7 +10,9 @@
  *    served;
  *  - a change during a request (after the sandbox read the files) keeps
  *    nothing of that request, even when the changed file shows the same
- *    size and mtime again by the time the answer arrives.
+ *    size and mtime again by the time the answer arrives;
+ *  - past the memory budget, content read to its end goes first, dropped
+ *    rather than spilled.
  * Driven through the ops table as the FUSE daemon drives it.
  */
 #include "config.h"
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -370,6 +373,78 @@ static void test_change_during_request(void **state)
 	check_file(e, "b/f15", file_no("b/f15"), 0);
 }
 
+/* ---- content memory ------------------------------------------------------ */
+
+/* Give n (made for the test) valid attributes and a content of len bytes. */
+static void give_content(struct cache *c, struct cnode *n, size_t len,
+			 ino_t ino)
+{
+	char *data = malloc(len);
+	struct stat st;
+
+	assert_non_null(data);
+	memset(data, 'c', len);
+	memset(&st, 0, sizeof(st));
+	st.st_mode = S_IFREG | 0644;
+	st.st_ino = ino;
+	st.st_size = (off_t)len;
+	n->st = st;
+	n->st_valid = true;
+	n->slot = S_PRESENT;
+	content_store(c, n, data, len, &st);
+	free(data);
+}
+
+/*
+ * Past CACHE_MEM_BUDGET, content read to its end goes first and is dropped
+ * (the kernel's page cache has it), although it was used more recently
+ * than content not read yet, which spills to disk.
+ */
+static void test_read_content_goes_first(void **state)
+{
+	char dir[] = "/tmp/sbx-test-ahead-XXXXXX";
+	struct sbx_sandbox *mem = NULL, *sb = NULL;
+	const size_t mib = 1u << 20;
+	struct cnode *unread, *read, *k;
+	struct cache *c;
+	char name[32], *buf = malloc(mib);
+
+	(void)state;
+	assert_non_null(buf);
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(pmem_new(&mem, NULL), 0);
+	assert_int_equal(fs_cache_new(&sb, mem, dir), 0);
+	c = CACHE(sb);
+	cache_lock(c);
+	unread = tree_resolve(c, "unread", true);
+	give_content(c, unread, mib, 100);
+	read = tree_resolve(c, "read", true);
+	give_content(c, read, mib, 101);
+	assert_int_equal(content_read(c, read, buf, mib, 0, NULL), mib);
+	/* Fill memory up to the budget (two are in), then one past it. */
+	for (unsigned i = 0; i < CACHE_MEM_BUDGET / mib - 2; i++) {
+		snprintf(name, sizeof(name), "fill%u", i);
+		k = tree_resolve(c, name, true);
+		give_content(c, k, mib, 200 + i);
+	}
+	assert_non_null(read->content->data);
+	assert_non_null(unread->content->data);
+	k = tree_resolve(c, "last", true);
+	give_content(c, k, mib, 199);
+	/* The one read is gone from memory, and not spilling ... */
+	assert_null(read->content->data);
+	assert_false(read->content->spilling);
+	assert_false(content_valid(read));
+	/* ... the older unread one is still there. */
+	assert_non_null(unread->content->data);
+	cache_unlock(c);
+	sbx_sandbox_free(sb);
+	sbx_sandbox_free(mem);
+	content_clear_dir(dir);
+	assert_int_equal(rmdir(dir), 0);
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -381,6 +456,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_changed_after_prefetch,
 						setup, teardown),
+		cmocka_unit_test(test_read_content_goes_first),
 		cmocka_unit_test_setup_teardown(test_change_during_request,
 						setup, teardown),
 	};
