@@ -56,6 +56,9 @@ struct ahead {
 	struct frame *stack;
 	size_t depth, cap;
 	struct cnode *pending;
+	size_t req_bytes;     /* the next request's size, growing */
+	bool confirmed;       /* the reader follows the plan */
+	struct cnode *origin; /* the file a reader waits for: not ahead */
 	unsigned plan;        /* current plan's number, from 1 */
 	size_t inflight;      /* content bytes of requests out */
 	size_t unread;        /* fetched by the current plan, not read yet */
@@ -195,6 +198,11 @@ static struct ahead_job *plan_next(struct cache *c, struct cnode *first)
 	if (first) {
 		walk_from(a, first);
 		job_add(j, first, &cap);
+		a->req_bytes = AHEAD_FIRST_BYTES;
+	} else if (a->req_bytes < AHEAD_REQ_BYTES) {
+		a->req_bytes *= 2;
+		if (a->req_bytes > AHEAD_REQ_BYTES)
+			a->req_bytes = AHEAD_REQ_BYTES;
 	}
 	while (j->n < AHEAD_REQ_FILES) {
 		x = a->pending ? a->pending : walk_next(a);
@@ -204,7 +212,7 @@ static struct ahead_job *plan_next(struct cache *c, struct cnode *first)
 		if (!wanted(x))
 			continue;
 		if (j->n &&
-		    j->bytes + (size_t)x->st.st_size > AHEAD_REQ_BYTES) {
+		    j->bytes + (size_t)x->st.st_size > a->req_bytes) {
 			a->pending = x; /* the next request starts with it */
 			break;
 		}
@@ -268,7 +276,9 @@ static int job_item(const struct sbx_bulk_item *it, void *payload)
 	    !n->dirty && !n->orphan && it->len == (size_t)it->st.st_size &&
 	    same_file(&n->st, &it->st) && !content_valid(n)) {
 		content_store(c, n, it->data, it->len, &it->st);
-		if (n->content && j->plan == c->ahead->plan) {
+		/* Its reader waits for it: reading it confirms nothing. */
+		if (n->content && j->plan == c->ahead->plan &&
+		    n != c->ahead->origin) {
 			n->content->ahead_plan = j->plan;
 			c->ahead->unread += it->len;
 		}
@@ -343,7 +353,7 @@ static void fill(struct cache *c)
 	struct ahead *a = c->ahead;
 	struct ahead_job *j;
 
-	while (room(a) && a->nqueued < AHEAD_WORKERS &&
+	while (a->confirmed && room(a) && a->nqueued < AHEAD_WORKERS &&
 	       (j = plan_next(c, NULL)))
 		enqueue(a, j, false);
 }
@@ -406,6 +416,15 @@ bool ahead_wait(struct cache *c, struct cnode *n)
 	if (!c->inner->ops->bulk || !ahead_start(c))
 		return false;
 	a = c->ahead;
+	if (!n->ahead && a->pending == n) {
+		/* The file the plan's last request had no room for: the
+		 * reader follows the plan. */
+		a->confirmed = true;
+		a->origin = n;
+		if ((j = plan_next(c, NULL)))
+			enqueue(a, j, true);
+		fill(c);
+	}
 	if (!n->ahead) {
 		if (!wanted(n))
 			return false;
@@ -413,16 +432,17 @@ bool ahead_wait(struct cache *c, struct cnode *n)
 		 * reader did not want no longer holds the window. */
 		a->plan++;
 		a->unread = 0;
+		a->confirmed = false;
+		a->origin = n;
 		j = plan_next(c, n);
 		enqueue(a, j, true);
-		fill(c);
 	}
 	while (n->ahead)
 		pthread_cond_wait(&c->cond, &c->lock);
 	return true;
 }
 
-void ahead_consumed(struct cache *c, struct content *ct)
+void ahead_consumed(struct cache *c, struct content *ct, bool read)
 {
 	struct ahead *a = c->ahead;
 
@@ -430,6 +450,8 @@ void ahead_consumed(struct cache *c, struct content *ct)
 		return;
 	if (a && ct->ahead_plan == a->plan) {
 		a->unread -= a->unread < ct->len ? a->unread : ct->len;
+		if (read)
+			a->confirmed = true;
 		fill(c);
 	}
 	ct->ahead_plan = 0;

@@ -113,7 +113,7 @@ void content_drop(struct cache *c, struct cnode *n)
 
 	if (!ct)
 		return;
-	ahead_consumed(c, ct);
+	ahead_consumed(c, ct, false);
 	if (ct->data) {
 		lru_unlink(c, ct);
 		c->mem_bytes -= ct->len;
@@ -139,7 +139,7 @@ static void content_trim(struct cache *c)
 		struct content *ct = c->lru_tail;
 
 		lru_unlink(c, ct);
-		ahead_consumed(c, ct);
+		ahead_consumed(c, ct, false);
 		c->mem_bytes -= ct->len;
 		if (c->disk_dir && ct->len >= CACHE_DISK_MIN &&
 		    !ct->delivered) {
@@ -204,7 +204,7 @@ ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 		size = avail;
 	if (ct->data) {
 		memcpy(buf, (char *)ct->data + off, size);
-		ahead_consumed(c, ct);
+		ahead_consumed(c, ct, true);
 		lru_unlink(c, ct);
 		/*
 		 * Read to its end: the kernel's page cache holds it now, so it

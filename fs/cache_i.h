@@ -87,9 +87,14 @@
 /*
  * Look-ahead prefetch (cache_ahead.c): requests of up to AHEAD_REQ_BYTES
  * of content (AHEAD_REQ_FILES files), at most AHEAD_WORKERS in flight,
- * while in flight plus fetched-but-unread stays under AHEAD_WINDOW.
+ * while in flight plus fetched-but-unread stays under AHEAD_WINDOW.  A
+ * plan's first request (the one its reader waits for) carries up to
+ * AHEAD_FIRST_BYTES; the next ones, sent once the reader follows the
+ * plan, double up to AHEAD_REQ_BYTES, so a read that starts no walk pays
+ * little for the look-ahead.
  */
 #define AHEAD_WORKERS 3
+#define AHEAD_FIRST_BYTES (512u << 10)
 #define AHEAD_REQ_BYTES (4u << 20)
 #define AHEAD_REQ_FILES 1024
 #define AHEAD_WINDOW (24u << 20)
@@ -455,8 +460,11 @@ void list_closedir(struct cfile *d);
  * when there is no look-ahead for n (read it alone).
  */
 bool ahead_wait(struct cache *c, struct cnode *n);
-/* ct leaves memory or was read: it no longer holds the window. */
-void ahead_consumed(struct cache *c, struct content *ct);
+/*
+ * ct leaves memory, or was `read`: it no longer holds the window.  A read
+ * of content fetched ahead also tells that the reader follows the plan.
+ */
+void ahead_consumed(struct cache *c, struct content *ct, bool read);
 /* Stop the workers (no lock held; requests out are finished first). */
 void ahead_stop(struct cache *c);
 

@@ -4,7 +4,8 @@
  * (pmem_opts.bulk_max_total), as the agent's does past its 32 MiB budget:
  *  - a cold walk in listing order (as fts walks) reads every file with no
  *    read of its own: a few bulk requests of listed files, content right;
- *    also when it starts after a read elsewhere in the tree; without
+ *    also when it starts after a read elsewhere in the tree; a single read
+ *    fetches its file and little more; without
  *    the sandbox's support, every file is read alone as before;
  *  - content fetched ahead and then changed behind the mount is not
  *    served;
@@ -228,8 +229,11 @@ static void test_cold_walk(void **state)
 	assert_int_equal(nread, NDIRS * NFILES);
 	/* No file was read on its own ... */
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
-	/* ... but in 1 walk + 3 requests of listed files (20 + 20 + 8). */
-	assert_int_equal(pmem_calls(e->mem, "bulk"), 4);
+	/*
+	 * ... but in 1 walk + 5 requests of listed files, growing as the
+	 * reader follows: 512 KiB, 1, 2, 4, 4 MiB (2 + 5 + 10 + 20 + 11).
+	 */
+	assert_int_equal(pmem_calls(e->mem, "bulk"), 6);
 	/* Warm: nothing more. */
 	pmem_calls_reset(e->mem);
 	nread = 0;
@@ -253,7 +257,44 @@ static void test_plan_starts_where_the_reader_is(void **state)
 	walk(e, "", &nread);
 	assert_int_equal(nread, NDIRS * NFILES);
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
-	assert_true(pmem_calls(e->mem, "bulk") <= 1 + 2 * 3);
+	assert_true(pmem_calls(e->mem, "bulk") <= 1 + 2 * 5);
+}
+
+/* Files whose content the cache holds. */
+static unsigned count_cached(struct env *e)
+{
+	struct cache *c = CACHE(e->cache);
+	unsigned cached = 0;
+	char path[64];
+
+	for (unsigned d = 0; d < NDIRS; d++)
+		for (unsigned i = 0; i < NFILES; i++) {
+			struct sbx_node *n;
+
+			snprintf(path, sizeof(path), "%s/f%02u", dirs[d], i);
+			n = lookup_path(e, path, &(struct stat){0});
+			cache_lock(c);
+			cached += content_valid(CNODE(n));
+			cache_unlock(c);
+		}
+	return cached;
+}
+
+/*
+ * One read that starts no walk (an editor opening a file) costs one
+ * request of at most AHEAD_FIRST_BYTES: its file and the next one, not
+ * the window's worth.
+ */
+static void test_single_read_fetches_little(void **state)
+{
+	struct env *e = *state;
+
+	lookup_path(e, "b", &(struct stat){0}); /* the walk */
+	pmem_calls_reset(e->mem);
+	check_file(e, "b/f09", file_no("b/f09"), 0);
+	assert_int_equal(pmem_calls(e->mem, "bulk"), 1);
+	assert_int_equal(pmem_calls(e->mem, "read"), 0);
+	assert_int_equal(count_cached(e), AHEAD_FIRST_BYTES / FSIZE);
 }
 
 /*
@@ -452,6 +493,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(
 			test_plan_starts_where_the_reader_is, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_single_read_fetches_little,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_without_bulk_files, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_changed_after_prefetch,
