@@ -7,14 +7,18 @@
  * round trip per remaining file.  Instead, the first read that misses such
  * a content starts a *plan*: the files that a depth-first walk in listing
  * order (fts's order, the one `grep -r` and `find` follow) reaches from
- * that file on.  The plan is cut into requests of up to AHEAD_REQ_BYTES
- * (one bulk call each with the list of paths, POST /v1/fs/bulk), planned
- * as long as what is planned or in flight plus what was fetched but not
- * read yet stays under AHEAD_WINDOW, and sent by AHEAD_WORKERS threads (so
- * that many are in flight at once).  A read
- * of a file whose request is out waits for that request instead of asking
- * on its own.  A read that misses a file no request covers starts a new
- * plan there (the reader went elsewhere).
+ * that file on.  The plan is cut into requests (one bulk call each with
+ * the list of paths, POST /v1/fs/bulk).  The first, which the reader
+ * waits for, carries up to AHEAD_FIRST_BYTES; once the reader shows it
+ * follows the plan, the next ones double up to AHEAD_REQ_BYTES and are
+ * planned as long as what is planned or in flight plus what was fetched
+ * but not read yet stays under AHEAD_WINDOW, and sent by AHEAD_WORKERS
+ * threads (so that many are in flight at once).  A read of a file whose
+ * request is out waits for that request instead of asking on its own.  A
+ * read that misses a file no request covers starts a new plan there (the
+ * reader went elsewhere).  There is one plan at a time: walkers reading
+ * several places at once (ripgrep's threads) restart it more often, and
+ * pay more round trips, never wrong content.
  *
  * Correctness is the bulk walk's: a request during which a change event
  * arrived keeps nothing, and content is kept only with the attributes the
