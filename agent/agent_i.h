@@ -237,6 +237,8 @@ int agent_h_batch(struct agent_req *r);
 struct cJSON *agent_batch_run(struct agent *a, const struct sbx_batch *b);
 /* GET /v1/fs/bulk: the frames of sbx/proto_bulk.h. */
 int agent_h_bulk(struct agent_req *r);
+/* POST /v1/fs/bulk: the content of the files listed in the body. */
+int agent_h_bulk_files(struct agent_req *r);
 /*
  * The bulk walk of `path` (normalised) as a stream (handlers_bulk.c):
  * files up to max_file bytes while the total stays within max_total,

@@ -5,6 +5,9 @@
  * with its content, and an end frame carrying the watch sequence taken
  * before the walk.  Directories are opened through confine.c; files
  * relative to their directory's fd with O_NOFOLLOW.
+ *
+ * POST /v1/fs/bulk: the content of a list of files, as file frames and the
+ * same end frame (a client's look-ahead prefetch).
  */
 #include "config.h"
 
@@ -30,6 +33,8 @@
 #define BULK_FRAME_BUDGET (SBX_PROTO_MAX_FRAME_JSON - 4096)
 #define BULK_DEFAULT_MAX_FILE (64 * 1024)
 #define BULK_DEFAULT_MAX_TOTAL (32LL * 1024 * 1024)
+/* Paths in one POST /v1/fs/bulk. */
+#define BULK_MAX_FILES 4096
 
 struct bulk_entry {
 	char *name;
@@ -153,6 +158,33 @@ static void bulk_dir_frame(struct bulk *b, struct sbx_buf *out)
 	agent_frame(out, h, NULL, 0);
 }
 
+/*
+ * All st_size bytes of fd (malloc'd, *len_out set), or NULL when the
+ * file changed size while being read: it is left to a later read.
+ */
+static char *read_whole(int fd, const struct stat *st, size_t *len_out)
+{
+	char *data = sbx_xmalloc((size_t)st->st_size + 1);
+	size_t got = 0;
+
+	while (got < (size_t)st->st_size) {
+		ssize_t n = pread(fd, data + got, (size_t)st->st_size - got,
+				  (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got != (size_t)st->st_size) {
+		free(data);
+		return NULL;
+	}
+	*len_out = got;
+	return data;
+}
+
 /* The next small file's frame; false when none is left in this dir. */
 static bool bulk_file_frame(struct bulk *b, struct sbx_buf *out)
 {
@@ -179,23 +211,10 @@ static bool bulk_file_frame(struct bulk *b, struct sbx_buf *out)
 			close(fd);
 			continue;
 		}
-		data = sbx_xmalloc((size_t)st.st_size + 1);
-		while (got < (size_t)st.st_size) {
-			ssize_t n = pread(fd, data + got,
-					  (size_t)st.st_size - got, (off_t)got);
-
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			got += (size_t)n;
-		}
+		data = read_whole(fd, &st, &got);
 		close(fd);
-		if (got != (size_t)st.st_size) {
-			/* Changed while reading: leave it to a later read. */
-			free(data);
+		if (!data)
 			continue;
-		}
 		b->total += st.st_size;
 		path = sbx_proto_path_join(b->dpath, be->name);
 		f.path = path;
@@ -327,4 +346,147 @@ int agent_h_bulk(struct agent_req *r)
 	if (rc < 0)
 		return agent_reply_error(r, 0, rc);
 	return agent_reply_stream(r, s);
+}
+
+/* ---- POST /v1/fs/bulk: the content of listed files ----------------------- */
+
+/*
+ * The look-ahead prefetch of a client (docs/design.md, "Scale") asks for
+ * the files its walk will read next, which the walk's own content budget
+ * left out: file frames only, in the order asked, then the end frame.
+ */
+struct bulk_files {
+	struct agent_stream base;
+	char **paths;
+	size_t n, pos;
+	long long max_file, max_total, total;
+	uint64_t watch_seq;
+};
+
+static int files_next(struct agent_stream *s, struct sbx_buf *out)
+{
+	struct bulk_files *b = (struct bulk_files *)s;
+	struct sbx_bulk_frame end = {
+		.kind = SBX_BULK_FRAME_END, .watch_seq = b->watch_seq,
+	};
+
+	while (b->pos < b->n) {
+		const char *path = b->paths[b->pos++];
+		struct sbx_bulk_frame f = { .kind = SBX_BULK_FRAME_FILE };
+		struct stat st;
+		size_t got = 0;
+		char *data;
+		int fd;
+
+		if (atomic_load(&s->a->stopping))
+			return -ECANCELED;
+		if (agent_open(s->a, path,
+			       O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY,
+			       0, &fd) < 0) {
+			/* Gone or not ours to read: the client reads it
+			 * itself and gets the error there. */
+			sbx_error_clear();
+			continue;
+		}
+		/* st before reading: the client validates with it later. */
+		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+		    st.st_size > b->max_file ||
+		    b->total + st.st_size > b->max_total) {
+			close(fd);
+			continue;
+		}
+		data = read_whole(fd, &st, &got);
+		close(fd);
+		if (!data)
+			continue;
+		b->total += st.st_size;
+		f.path = path;
+		f.st = st;
+		agent_frame(out, sbx_bulk_frame_encode(&f), data, got);
+		free(data);
+		return 0;
+	}
+	agent_frame(out, sbx_bulk_frame_encode(&end), NULL, 0);
+	return 1;
+}
+
+static void files_fini(struct agent_stream *s)
+{
+	struct bulk_files *b = (struct bulk_files *)s;
+
+	for (size_t i = 0; i < b->n; i++)
+		free(b->paths[i]);
+	free(b->paths);
+	free(b);
+}
+
+/* A non-negative integer field of the body, or def when absent. */
+static int body_int(const cJSON *j, const char *key, long long def,
+		    long long max, long long *out)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+
+	*out = def;
+	if (!v)
+		return 0;
+	if (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
+	    v->valuedouble > (double)max)
+		return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+				     "bulk: bad \"%s\"", key);
+	*out = (long long)v->valuedouble;
+	return 0;
+}
+
+int agent_h_bulk_files(struct agent_req *r)
+{
+	struct bulk_files *b = NULL;
+	const cJSON *files, *e;
+	cJSON *j = NULL;
+	/* Before reading anything, as for the walk (agent_h_bulk). */
+	uint64_t seq = agent_watch_seq(r->a);
+	int rc = agent_body_json(r, &j);
+
+	if (rc < 0)
+		return agent_reply_error(r, 0, rc);
+	b = sbx_xcalloc(1, sizeof(*b));
+	b->base.next = files_next;
+	b->base.fini = files_fini;
+	b->base.a = r->a;
+	b->watch_seq = seq;
+	files = cJSON_GetObjectItemCaseSensitive(j, "files");
+	if (!cJSON_IsArray(files) ||
+	    cJSON_GetArraySize(files) > BULK_MAX_FILES)
+		rc = sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+				   "bulk: \"files\" must be an array of at "
+				   "most %d paths", BULK_MAX_FILES);
+	if (rc == 0)
+		rc = body_int(j, "max_file", BULK_DEFAULT_MAX_FILE,
+			      SBX_PROTO_MAX_FRAME_DATA, &b->max_file);
+	if (rc == 0)
+		rc = body_int(j, "max_total", BULK_DEFAULT_MAX_TOTAL,
+			      LLONG_MAX / 2, &b->max_total);
+	if (rc == 0) {
+		b->paths = sbx_xcalloc((size_t)cJSON_GetArraySize(files) + 1,
+				       sizeof(*b->paths));
+		cJSON_ArrayForEach(e, files)
+		{
+			if (!cJSON_IsString(e)) {
+				rc = sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+						   "bulk: a path that is not "
+						   "a string");
+				break;
+			}
+			rc = agent_path_norm(e->valuestring,
+					     &b->paths[b->n]);
+			if (rc < 0)
+				break;
+			b->n++;
+		}
+	}
+	cJSON_Delete(j);
+	if (rc < 0) {
+		files_fini(&b->base);
+		return agent_reply_error(r, 0, rc);
+	}
+	return agent_reply_stream(r, &b->base);
 }

@@ -32,6 +32,7 @@ static const struct agent_route routes[] = {
 	{ { "GET", "/v1/fs/statfs" }, agent_h_statfs, true, 0 },
 	{ { "POST", "/v1/fs/batch" }, agent_h_batch, true, JSON_BODY },
 	{ { "GET", "/v1/fs/bulk" }, agent_h_bulk, true, 0 },
+	{ { "POST", "/v1/fs/bulk" }, agent_h_bulk_files, true, JSON_BODY },
 	{ { "GET", "/v1/watch" }, agent_h_watch, true, 0 },
 	{ { "GET", "/v1/archive" }, agent_h_archive_get, true, 0 },
 	/* A streamed body of any size (extracted as it arrives). */
@@ -88,9 +89,10 @@ int agent_h_health(struct agent_req *r)
 
 int agent_h_info(struct agent_req *r)
 {
-	static const char *const caps[] = { "fs",  "bulk",  "batch",   "exec",
-					    "pty", "xattr", "archive", "repo",
-					    "alias" };
+	static const char *const caps[] = {
+		"fs",  "bulk",  "bulk_files", "batch", "exec",
+		"pty", "xattr", "archive",    "repo",  "alias",
+	};
 	cJSON *o = cJSON_CreateObject();
 	cJSON *l = cJSON_CreateObject();
 	cJSON *c;

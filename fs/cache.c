@@ -535,6 +535,13 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	return 0;
 }
 
+/* A read of n that misses is served by fetching n whole.  c->lock held. */
+static bool read_whole(const struct cnode *n)
+{
+	return n->st_valid && !n->dirty && S_ISREG(n->st.st_mode) &&
+	       n->st.st_size <= (off_t)CACHE_WHOLE_FILE;
+}
+
 static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		      size_t size, off_t off)
 {
@@ -561,9 +568,12 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		return rc;
 	cache_lock(c);
 	got = content_read(c, n, buf, size, off, &disk);
-	whole = got < 0 && !disk && n->st_valid && !n->dirty &&
-		S_ISREG(n->st.st_mode) &&
-		n->st.st_size <= (off_t)CACHE_WHOLE_FILE;
+	whole = got < 0 && !disk && read_whole(n);
+	/* A cold walk: a look-ahead request brings it with the next files. */
+	if (whole && ahead_wait(c, n)) {
+		got = content_read(c, n, buf, size, off, &disk);
+		whole = got < 0 && !disk && read_whole(n);
+	}
 	fsize = n->st.st_size;
 	gen = c->events;
 	cache_unlock(c);
@@ -1058,6 +1068,7 @@ static void c_free(struct sbx_sandbox *sb)
 		sbx_error_clear();
 	}
 	wb_stop_flusher(c);
+	ahead_stop(c);
 	cache_lock(c);
 	tree_free(c, &c->root);
 	change_expect_clear(c);

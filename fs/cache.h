@@ -10,7 +10,8 @@
  * listings, file contents (memory, spilling large ones to disk under
  * $SBX_HOME/cache/<session>/), symlink targets.  Prefetch: the first time
  * a directory is looked into, one bulk call brings the metadata of its
- * whole subtree and the content of its small files.
+ * whole subtree and the content of its small files; contents past that
+ * call's budget come ahead of a walk's reads, many files a request.
  *
  * Writes are buffered per open file (write-back, not write-through) and
  * pushed on close, fsync, the exec barrier, before any operation that must
@@ -31,9 +32,10 @@
  * Threads: every operation may run concurrently.  One mutex protects the
  * tree and is never held across I/O on the wrapped sandbox or the disk;
  * per open file, one mutex orders its pushes.  The lock order, the
- * lifetimes and the parts are in cache_i.h.  The cache runs one thread of
- * its own, the write-back flusher, from fs_cache_new() to
- * sbx_sandbox_free().
+ * lifetimes and the parts are in cache_i.h.  The cache runs threads of
+ * its own: the write-back flusher, from fs_cache_new() to
+ * sbx_sandbox_free(), and the look-ahead prefetch's workers (three), from
+ * the first read that needs them to sbx_sandbox_free().
  */
 #ifndef FS_CACHE_H
 #define FS_CACHE_H

@@ -2,13 +2,15 @@
  * Cached file contents; see cache_i.h.
  *
  * Contents live in memory up to CACHE_MEM_BUDGET, least recently used
- * first out.  Large ones spill to a file of their own under the disk
- * directory, named by a serial number unique in this cache, so a newer
- * content can never be confused with an older spill.  The decision to
- * spill or remove is taken under c->lock; the disk work itself is queued
- * (struct disk_job) and done by cache_unlock() once the lock is dropped,
- * so no request waits on the disk for another one.  A spilled content
- * becomes readable from disk only when its file is complete.
+ * first out, except that content read to its end goes before anything
+ * else and is dropped rather than spilled: the kernel's page cache has it.
+ * Other large ones spill to a file of their own under the disk directory,
+ * named by a serial number unique in this cache, so a newer content can
+ * never be confused with an older spill.  The decision to spill or remove
+ * is taken under c->lock; the disk work itself is queued (struct
+ * disk_job) and done by cache_unlock() once the lock is dropped, so no
+ * request waits on the disk for another one.  A spilled content becomes
+ * readable from disk only when its file is complete.
  */
 #include "config.h"
 
@@ -46,6 +48,18 @@ static void lru_push(struct cache *c, struct content *ct)
 	c->lru_head = ct;
 	if (!c->lru_tail)
 		c->lru_tail = ct;
+}
+
+/* Least recently used end: the first to go. */
+static void lru_append(struct cache *c, struct content *ct)
+{
+	ct->lru_next = NULL;
+	ct->lru_prev = c->lru_tail;
+	if (c->lru_tail)
+		c->lru_tail->lru_next = ct;
+	c->lru_tail = ct;
+	if (!c->lru_head)
+		c->lru_head = ct;
 }
 
 static char *disk_name(const struct cache *c, const struct content *ct)
@@ -99,6 +113,7 @@ void content_drop(struct cache *c, struct cnode *n)
 
 	if (!ct)
 		return;
+	ahead_consumed(c, ct, false);
 	if (ct->data) {
 		lru_unlink(c, ct);
 		c->mem_bytes -= ct->len;
@@ -124,8 +139,10 @@ static void content_trim(struct cache *c)
 		struct content *ct = c->lru_tail;
 
 		lru_unlink(c, ct);
+		ahead_consumed(c, ct, false);
 		c->mem_bytes -= ct->len;
-		if (c->disk_dir && ct->len >= CACHE_DISK_MIN) {
+		if (c->disk_dir && ct->len >= CACHE_DISK_MIN &&
+		    !ct->delivered) {
 			queue_job(c, disk_name(c, ct), ct->data, ct->len,
 				  ct->serial);
 			ct->spilling = true;
@@ -187,8 +204,19 @@ ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 		size = avail;
 	if (ct->data) {
 		memcpy(buf, (char *)ct->data + off, size);
-		lru_unlink(c, ct); /* most recently used first */
-		lru_push(c, ct);
+		ahead_consumed(c, ct, true);
+		lru_unlink(c, ct);
+		/*
+		 * Read to its end: the kernel's page cache holds it now, so it
+		 * is the first to go, and not to disk (a cold walk then needs
+		 * no more memory than its look-ahead, and writes nothing);
+		 * else most recently used first.
+		 */
+		ct->delivered = (size_t)off + size >= ct->len;
+		if (ct->delivered)
+			lru_append(c, ct);
+		else
+			lru_push(c, ct);
 		return (ssize_t)size;
 	}
 	if (disk_out)

@@ -6,6 +6,7 @@
  *   cache_content.c  cached file contents: memory LRU and disk spill
  *   cache_wb.c       open files, their write-back buffers, the flusher
  *   cache_list.c     prefetch (bulk walks), listings, directory handles
+ *   cache_ahead.c    look-ahead prefetch of contents the bulk left out
  *   cache_change.c   the change stream: own-change expectations, applying
  *                    events, forwarding them to the daemon
  *   cache_silly.c    unlink of open files (silly rename) and last close
@@ -56,8 +57,13 @@
 #define CACHE_BLIND_TTL 1.0
 /* Files up to this size are fetched whole on first read and kept. */
 #define CACHE_WHOLE_FILE (1u << 20)
-/* Memory for cached contents; beyond it, least recently used spill. */
-#define CACHE_MEM_BUDGET (256u << 20)
+/*
+ * Memory for cached contents; beyond it, least recently used spill.  The
+ * kernel's page cache keeps what was read, so this holds what is about to
+ * be read (prefetched) and what the kernel may ask for again; content
+ * read to its end is the first to go, and is dropped, not spilled.
+ */
+#define CACHE_MEM_BUDGET (64u << 20)
 /* Contents at least this large spill to disk instead of being dropped. */
 #define CACHE_DISK_MIN (64u << 10)
 /* Buffered writes per open file before they are pushed. */
@@ -87,6 +93,20 @@
 #define PREFETCH_MAX_FILE (1u << 20)
 #define PREFETCH_MAX_TOTAL (32u << 20)
 /*
+ * Look-ahead prefetch (cache_ahead.c): requests of up to AHEAD_REQ_BYTES
+ * of content (AHEAD_REQ_FILES files), at most AHEAD_WORKERS in flight,
+ * while in flight plus fetched-but-unread stays under AHEAD_WINDOW.  A
+ * plan's first request (the one its reader waits for) carries up to
+ * AHEAD_FIRST_BYTES; the next ones, sent once the reader follows the
+ * plan, double up to AHEAD_REQ_BYTES, so a read that starts no walk pays
+ * little for the look-ahead.
+ */
+#define AHEAD_WORKERS 3
+#define AHEAD_FIRST_BYTES (512u << 10)
+#define AHEAD_REQ_BYTES (4u << 20)
+#define AHEAD_REQ_FILES 1024
+#define AHEAD_WINDOW (24u << 20)
+/*
  * How long a statfs answer is reused (seconds).  `df` through the mount may
  * lag this much; fts (grep -r, find) calls fstatfs() once per walk.
  */
@@ -110,6 +130,8 @@ struct content {
 	off_t size;
 	struct timespec mtime;
 	struct content *lru_prev, *lru_next; /* contents held in memory */
+	unsigned ahead_plan;  /* fetched ahead by this plan, unread; or 0 */
+	bool delivered;       /* last read reached its end (content_read) */
 };
 
 /* Every field is protected by c->lock. */
@@ -133,6 +155,7 @@ struct cnode {
 	double list_time;
 	bool prefetched;      /* a bulk walk covered this directory */
 	bool prefetching;
+	bool ahead;           /* a look-ahead request for its content is out */
 
 	struct content *content;
 	unsigned dirty;       /* open files with unpushed writes */
@@ -250,6 +273,7 @@ struct cache {
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
+	struct ahead *ahead;       /* cache_ahead.c; NULL until first used */
 	/* The last statfs answer, reused for CACHE_STATFS_TTL (c_statfs). */
 	struct statvfs statfs;
 	double statfs_time;
@@ -553,6 +577,25 @@ int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out);
 int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
 		 void *payload);
 void list_closedir(struct cfile *d);
+
+/* ---- cache_ahead.c: c->lock held unless said ---------------------------- */
+
+/*
+ * A read of n missed its content (n a regular file of at most
+ * CACHE_WHOLE_FILE, attributes valid, no buffered writes): wait for the
+ * look-ahead request that brings it, starting one (and a plan from n on)
+ * when none does.  Drops c->lock while waiting.  True when a request for
+ * n ended (look at the content again; it may have been left out); false
+ * when there is no look-ahead for n (read it alone).
+ */
+bool ahead_wait(struct cache *c, struct cnode *n);
+/*
+ * ct leaves memory, or was `read`: it no longer holds the window.  A read
+ * of content fetched ahead also tells that the reader follows the plan.
+ */
+void ahead_consumed(struct cache *c, struct content *ct, bool read);
+/* Stop the workers (no lock held; requests out are finished first). */
+void ahead_stop(struct cache *c);
 
 /* ---- cache_change.c ---------------------------------------------------- */
 

@@ -302,6 +302,15 @@ struct sbx_bulk_opts {
 	size_t max_file;  /* content only for files up to this size */
 	size_t max_total; /* stop sending content past this total */
 	int depth;        /* levels below the start; -1 unlimited */
+	/*
+	 * Optional (nfiles > 0): no walk; instead FILE records with the
+	 * content of these files (paths relative to the root, borrowed), in
+	 * this order.  Files missing, not regular, larger than max_file or
+	 * past max_total are left out (the caller reads them itself); `dir`
+	 * is ignored.  A provider or agent that cannot: -ENOSYS.
+	 */
+	const char *const *files;
+	size_t nfiles;
 };
 
 struct sbx_exec_request;  /* sbx/exec.h */
@@ -535,7 +544,9 @@ struct sbx_sandbox_ops {
 	/*
 	 * Optional: stream the metadata of the subtree at path `dir` (relative
 	 * to the root) and the content of its small files in one exchange,
-	 * for prefetching.  Records arrive in breadth-first order.
+	 * for prefetching.  Records arrive in breadth-first order.  With
+	 * o->nfiles, the content of a list of files instead (see
+	 * sbx_bulk_opts).
 	 */
 	int (*bulk)(struct sbx_sandbox *sb, const char *dir,
 		    const struct sbx_bulk_opts *o, sbx_bulk_cb cb,

@@ -385,21 +385,61 @@ static int bulk_collect_locked(struct pmem *s, const char *dir,
 	return 0;
 }
 
+/* FILE records of the listed files (o->files).  Caller holds s->lock. */
+static void bulk_files_locked(struct pmem *s, const struct sbx_bulk_opts *o,
+			      struct bwalk *w)
+{
+	for (size_t i = 0; i < o->nfiles; i++) {
+		struct pinode *k;
+		struct bitem *f;
+		char *p = NULL;
+
+		if (pmem_clean(o->files[i], &p) < 0 ||
+		    pmem_walk_locked(s, p, &k) < 0 || !S_ISREG(k->mode) ||
+		    k->size > o->max_file ||
+		    w->total + k->size > o->max_total) {
+			sbx_error_clear();
+			free(p);
+			continue;
+		}
+		f = bitem_add(w);
+		f->path = p;
+		f->it.kind = SBX_BULK_FILE;
+		f->it.path = p;
+		pmem_fill_stat(s, k, &f->it.st);
+		f->data = sbx_xmalloc(k->size ? k->size : 1);
+		if (k->size)
+			memcpy(f->data, k->data, k->size);
+		f->it.data = f->data;
+		f->it.len = k->size;
+		w->total += k->size;
+	}
+}
+
 static int m_bulk(struct sbx_sandbox *sb, const char *dir,
 		  const struct sbx_bulk_opts *o, sbx_bulk_cb cb, void *payload)
 {
 	struct pmem *s = PMEM(sb);
+	struct sbx_bulk_opts lim = *o;
 	struct bwalk w = {0};
 	char *p = NULL;
-	int rc = pmem_enter(s, OP_BULK, dir);
+	int rc = pmem_enter(s, OP_BULK, o->nfiles ? o->files[0] : dir);
 
 	if (rc == 0)
 		rc = pmem_clean(dir, &p);
 	if (rc < 0)
 		return rc;
+	if (!lim.nfiles && s->bulk_max_total &&
+	    lim.max_total > s->bulk_max_total)
+		lim.max_total = s->bulk_max_total;
 	pthread_mutex_lock(&s->lock);
-	rc = bulk_collect_locked(s, p, o, &w);
+	if (lim.nfiles)
+		bulk_files_locked(s, &lim, &w);
+	else
+		rc = bulk_collect_locked(s, p, &lim, &w);
 	pthread_mutex_unlock(&s->lock);
+	if (rc == 0)
+		pmem_hook_point(s, "bulk:sent", o->nfiles ? o->files[0] : p);
 	for (size_t i = 0; rc == 0 && i < w.n; i++)
 		rc = cb(&w.items[i].it, payload);
 	bwalk_fini(&w);
@@ -493,6 +533,7 @@ int pmem_new(struct sbx_sandbox **out, const struct pmem_opts *opts)
 	s->root_node.path = sbx_xstrdup("");
 	s->ino_policy = opts->ino_policy;
 	s->dev = opts->dev ? opts->dev : PMEM_DEFAULT_DEV;
+	s->bulk_max_total = opts->bulk_max_total;
 	s->itab_cap = 64;
 	s->itab = sbx_xcalloc(s->itab_cap, sizeof(*s->itab));
 	s->next_ino = ROOT_INO;

@@ -83,7 +83,8 @@
  * path, "<parent>/<name>" for operations naming an entry (lookup, create,
  * mknod, mkdir, symlink, unlink, rmdir; link: the new name; rename: the
  * old name), the path an open file was opened with, the directory of a
- * bulk walk, the argument of node_at, "" for syncfs and watch_*.
+ * bulk walk (of a bulk of listed files: the first file), the argument of
+ * node_at, "" for syncfs and watch_*.
  * pmem_ext_*() are "behind the mount": no gate, hook, counter or fault.
  *
  * Threads: every function may be called from any thread; one mutex
@@ -114,6 +115,8 @@ struct pmem_opts {
 	const char *session;  /* sb->session; NULL: "mem" */
 	const char *workdir;  /* sb->workdir, node_path prefix; NULL:
 			       * "/sandbox" */
+	size_t bulk_max_total; /* content a bulk walk sends at most (as an
+				* agent past its budget); 0: as asked */
 };
 
 /*
@@ -150,7 +153,9 @@ void pmem_calls_reset(struct sbx_sandbox *sb);
  * thread, with no provider lock held, so it may block (on a semaphore the
  * test posts later) and may call pmem functions.  `path` is borrowed for the
  * call.  NULL clears.  The hook must not block the thread of a call it
- * waits for.
+ * waits for.  A bulk call also calls it with op "bulk:sent" once its
+ * records are taken and before they are delivered (a change made then is
+ * one the records predate).
  */
 typedef void (*pmem_hook_fn)(const char *op, const char *path, void *payload);
 

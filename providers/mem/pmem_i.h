@@ -103,6 +103,7 @@ struct pmem {
 	pthread_mutex_t lock;
 	int ino_policy;
 	dev_t dev;
+	size_t bulk_max_total; /* pmem_opts.bulk_max_total */
 
 	/* The tree. */
 	struct pinode **itab; /* by inode number */
@@ -146,6 +147,8 @@ struct pmem {
  * 0 or the injected error.  Called without s->lock.
  */
 int pmem_enter(struct pmem *s, enum op op, const char *path);
+/* Call the hook (if any) with a name of no operation.  Without s->lock. */
+void pmem_hook_point(struct pmem *s, const char *name, const char *path);
 
 /* The body of an operation on one clean path, run under s->lock. */
 typedef int (*pmem_locked_fn)(struct pmem *s, const char *path, void *arg);

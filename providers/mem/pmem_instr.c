@@ -42,6 +42,19 @@ static int op_index(const char *name)
 
 /* ---- instrumentation ----------------------------------------------------- */
 
+void pmem_hook_point(struct pmem *s, const char *name, const char *path)
+{
+	pmem_hook_fn hook;
+	void *payload;
+
+	pthread_mutex_lock(&s->lock);
+	hook = s->hook;
+	payload = s->hook_payload;
+	pthread_mutex_unlock(&s->lock);
+	if (hook)
+		hook(name, path, payload);
+}
+
 /*
  * s->lock held: park at the gate if it is armed for op on path, at this
  * point (`after`: once the operation's work is done), until released.

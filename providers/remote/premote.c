@@ -220,6 +220,8 @@ int premote_info_parse(struct premote_info *out, const cJSON *j)
 			out->cap_exec = true;
 		else if (!strcmp(c->valuestring, "bulk"))
 			out->cap_bulk = true;
+		else if (!strcmp(c->valuestring, "bulk_files"))
+			out->cap_bulk_files = true;
 		else if (!strcmp(c->valuestring, "xattr"))
 			out->cap_xattr = true;
 		else if (!strcmp(c->valuestring, "pty"))

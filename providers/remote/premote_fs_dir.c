@@ -1,7 +1,8 @@
 /*
  * Remote data plane, directories, xattrs and bulk reads: one GET
  * /v1/fs/list per listing, xattrs as batch ops, and GET /v1/fs/bulk's
- * frames (sbx/proto_bulk.h) assembled into whole directories.
+ * frames (sbx/proto_bulk.h) assembled into whole directories; POST
+ * /v1/fs/bulk for the content of listed files (look-ahead prefetch).
  */
 #include "config.h"
 
@@ -427,6 +428,53 @@ static int bulk_frame(const cJSON *hdr, const void *data, size_t len,
 	return bulk_deliver(b, &it);
 }
 
+/* POST /v1/fs/bulk: the content of o->files, as file frames. */
+static int bulk_files(struct premote_sandbox *s, const struct sbx_bulk_opts *o,
+		      sbx_bulk_cb cb, void *payload)
+{
+	struct bulk_ctx b = { .s = s, .cb = cb, .payload = payload,
+			      .start = "" };
+	struct premote_req r = {
+		.method = "POST", .route = "/v1/fs/bulk", .idempotent = true,
+		.cancel_fd = -1, .timeout_ms = -1, .frames = bulk_frame,
+		.payload = &b, .content_type = SBX_CT_JSON,
+	};
+	struct premote_resp resp;
+	cJSON *j, *arr;
+	char *body;
+	int rc;
+
+	if (!s->info.cap_bulk_files)
+		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS,
+				     "the agent at %s cannot send listed "
+				     "files in bulk", s->cfg.url);
+	j = cJSON_CreateObject();
+	arr = cJSON_AddArrayToObject(j, "files");
+	if (!j || !arr)
+		abort();
+	for (size_t i = 0; i < o->nfiles; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateString(o->files[i]));
+	if (o->max_file)
+		cJSON_AddNumberToObject(j, "max_file", (double)o->max_file);
+	if (o->max_total)
+		cJSON_AddNumberToObject(j, "max_total", (double)o->max_total);
+	body = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	if (!body)
+		abort();
+	r.body = body;
+	r.body_len = strlen(body);
+	r.low_speed_s = (premote_http_timeout_ms(s->http) + 999) / 1000;
+	premote_resp_init(&resp);
+	rc = premote_http_do(s->http, &r, &resp);
+	premote_resp_fini(&resp);
+	cJSON_free(body);
+	pending_clear(&b);
+	if (rc > 0 || (b.cb_rc && rc == b.cb_rc))
+		return rc > 0 ? 0 : rc; /* stopped on purpose */
+	return premote_fs_errno(rc);
+}
+
 int premote_bulk(struct sbx_sandbox *sb, const char *dir,
 		 const struct sbx_bulk_opts *o, sbx_bulk_cb cb, void *payload)
 {
@@ -442,6 +490,8 @@ int premote_bulk(struct sbx_sandbox *sb, const char *dir,
 	char *start = NULL;
 	int rc;
 
+	if (o && o->nfiles)
+		return bulk_files(s, o, cb, payload);
 	if (!s->info.cap_bulk)
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS,
 				     "the agent at %s has no bulk capability",

@@ -163,6 +163,7 @@ struct premote_info {
 	uint64_t watch_seq;
 	long protocol;
 	bool cap_watch, cap_exec, cap_bulk, cap_xattr, cap_pty;
+	bool cap_bulk_files; /* POST /v1/fs/bulk (newer agents) */
 	/* The root's attributes ("root_st", newer agents): opening the
 	 * sandbox then needs no stat of its own. */
 	bool has_root_st;

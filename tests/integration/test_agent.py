@@ -628,6 +628,46 @@ def test_bulk(c1, one_agent):
     c1.error("GET", "/v1/fs/bulk?path=nope", expect=404)
 
 
+def test_bulk_files(c1, one_agent):
+    """POST /v1/fs/bulk: the content of listed files, in the order asked;
+    what is missing, not a regular file, a symlink, too large or past
+    max_total is left out; then the end frame with the watch sequence."""
+    root = Path(one_agent.root)
+    (root / "d").mkdir()
+    (root / "d" / "a").write_bytes(b"a" * 100)
+    (root / "d" / "b").write_bytes(b"b" * 200)
+    (root / "c").write_bytes(b"c" * 300)
+    (root / "big").write_bytes(b"x" * 5000)
+    os.symlink("c", root / "d" / "ln")
+    seq = c1.json("GET", "/v1/info")["watch_seq"]
+    assert "bulk_files" in c1.json("GET", "/v1/info")["capabilities"]
+    body = json.dumps({"files": ["c", "d/b", "nope", "d", "d/ln", "big",
+                                 "d/a"], "max_file": 4096})
+    c, r = c1.stream("/v1/fs/bulk", method="POST", body=body)
+    fr = list(frames(r))
+    c.close()
+    got = [(h["file"], d) for h, d in fr if "file" in h]
+    assert got == [("c", b"c" * 300), ("d/b", b"b" * 200),
+                   ("d/a", b"a" * 100)]
+    for h, d in fr:
+        if "file" in h:
+            assert st_size(h["st"]) == len(d)
+    assert fr[-1][0]["end"] is True and fr[-1][0]["watch_seq"] >= seq
+    # max_total: files are sent while the total stays within it
+    body = json.dumps({"files": ["c", "d/b", "d/a"], "max_total": 450})
+    c, r = c1.stream("/v1/fs/bulk", method="POST", body=body)
+    got = [h["file"] for h, _ in frames(r) if "file" in h]
+    c.close()
+    assert got == ["c", "d/a"]
+    # confined like every path; a body that is not a list of paths: EINVAL
+    body = json.dumps({"files": ["../../etc/passwd"]})
+    c, r = c1.stream("/v1/fs/bulk", method="POST", body=body)
+    assert [h for h, _ in frames(r) if "file" in h] == []
+    c.close()
+    c1.error("POST", "/v1/fs/bulk", {"files": "c"}, expect=400)
+    c1.error("POST", "/v1/fs/bulk", {"files": [1]}, expect=400)
+
+
 def test_bulk_big_directory_splits_frames(c1, one_agent):
     root = Path(one_agent.root)
     (root / "many").mkdir()

@@ -1046,3 +1046,36 @@ def test_read_ahead_raised_after_init(sandbox):
 
     # Right after `sbx up`, without a request of ours to the mount.
     poll(value, 8192, 5.0)
+
+
+# -- a cold walk past the bulk walk's content budget ----------------------------------
+
+
+def test_cold_walk_past_the_bulk_budget(sbx_env, repo, agent):
+    """docs/design.md, "Scale": a tree with twice the content the bulk walk
+    brings (PREFETCH_MAX_TOTAL, 32 MiB), walked cold as `grep -r` walks it,
+    at 20 ms RTT.  Every file reads right, and the files past the budget
+    come by look-ahead requests, many files each: one request per file
+    would take over 40 s here (~2,000 files x 20 ms)."""
+    import hashlib
+    root = agent.root / "scale"
+    want = {}
+    for i in range(4000):
+        rel = f"g{i // 1000}/d{(i // 100) % 10:02d}/f{i:05d}"
+        size = 4096 + (i * 7919) % 24576     # 4-28 KiB, 16 KiB on average
+        data = (f"file {i}\n".encode() * (size // 8 + 1))[:size]
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        want[rel] = hashlib.sha256(data).hexdigest()
+    with proxied_session(sbx_env, agent, repo, 10) as sb:
+        m = sb.mnt / "scale"
+        got = {}
+        t0 = time.monotonic()
+        for d, dirs, files in os.walk(m):  # listing order, as fts
+            for f in files:
+                p = os.path.join(d, f)
+                got[os.path.relpath(p, m)] = hashlib.sha256(
+                    read(p)).hexdigest()
+        secs = time.monotonic() - t0
+        assert got == want, diagnostics(sb)
+        assert secs < 20, (secs, diagnostics(sb))
