@@ -185,6 +185,27 @@ static char *read_whole(int fd, const struct stat *st, size_t *len_out)
 	return data;
 }
 
+/*
+ * Close fd after reading it whole when it is a regular file of at most
+ * max_file bytes that keeps *total within max_total (which it then adds
+ * to); *st is taken before reading (the client validates with it later).
+ * NULL when it is not, or changed size while being read: the client
+ * reads it itself.
+ */
+static char *read_small(int fd, long long max_file, long long max_total,
+			long long *total, struct stat *st, size_t *len_out)
+{
+	char *data = NULL;
+
+	if (fstat(fd, st) == 0 && S_ISREG(st->st_mode) &&
+	    st->st_size <= max_file && *total + st->st_size <= max_total)
+		data = read_whole(fd, st, len_out);
+	close(fd);
+	if (data)
+		*total += st->st_size;
+	return data;
+}
+
 /* The next small file's frame; false when none is left in this dir. */
 static bool bulk_file_frame(struct bulk *b, struct sbx_buf *out)
 {
@@ -204,18 +225,10 @@ static bool bulk_file_frame(struct bulk *b, struct sbx_buf *out)
 				    O_CLOEXEC);
 		if (fd < 0)
 			continue;
-		/* st before reading: the client validates with it later. */
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-		    st.st_size > b->max_file ||
-		    b->total + st.st_size > b->max_total) {
-			close(fd);
-			continue;
-		}
-		data = read_whole(fd, &st, &got);
-		close(fd);
+		data = read_small(fd, b->max_file, b->max_total, &b->total,
+				  &st, &got);
 		if (!data)
 			continue;
-		b->total += st.st_size;
 		path = sbx_proto_path_join(b->dpath, be->name);
 		f.path = path;
 		f.st = st;
@@ -388,18 +401,10 @@ static int files_next(struct agent_stream *s, struct sbx_buf *out)
 			sbx_error_clear();
 			continue;
 		}
-		/* st before reading: the client validates with it later. */
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-		    st.st_size > b->max_file ||
-		    b->total + st.st_size > b->max_total) {
-			close(fd);
-			continue;
-		}
-		data = read_whole(fd, &st, &got);
-		close(fd);
+		data = read_small(fd, b->max_file, b->max_total, &b->total,
+				  &st, &got);
 		if (!data)
 			continue;
-		b->total += st.st_size;
 		f.path = path;
 		f.st = st;
 		agent_frame(out, sbx_bulk_frame_encode(&f), data, got);

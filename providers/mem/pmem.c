@@ -288,6 +288,24 @@ static struct bitem *bitem_add(struct bwalk *w)
 	return &w->items[w->n++];
 }
 
+/* A FILE record of k at path (taken over) with a copy of its bytes. */
+static void bitem_file(struct pmem *s, struct bwalk *w, struct pinode *k,
+		       char *path)
+{
+	struct bitem *f = bitem_add(w);
+
+	f->path = path;
+	f->it.kind = SBX_BULK_FILE;
+	f->it.path = path;
+	pmem_fill_stat(s, k, &f->it.st);
+	f->data = sbx_xmalloc(k->size ? k->size : 1);
+	if (k->size)
+		memcpy(f->data, k->data, k->size);
+	f->it.data = f->data;
+	f->it.len = k->size;
+	w->total += k->size;
+}
+
 static void bwalk_fini(struct bwalk *w)
 {
 	for (size_t i = 0; i < w->n; i++) {
@@ -364,18 +382,7 @@ static int bulk_collect_locked(struct pmem *s, const char *dir,
 			}
 			if (S_ISREG(k->mode) && k->size <= o->max_file &&
 			    w->total + k->size <= o->max_total) {
-				struct bitem *f = bitem_add(w);
-
-				f->path = kp;
-				f->it.kind = SBX_BULK_FILE;
-				f->it.path = kp;
-				pmem_fill_stat(s, k, &f->it.st);
-				f->data = sbx_xmalloc(k->size ? k->size : 1);
-				if (k->size)
-					memcpy(f->data, k->data, k->size);
-				f->it.data = f->data;
-				f->it.len = k->size;
-				w->total += k->size;
+				bitem_file(s, w, k, kp);
 				continue;
 			}
 			free(kp);
@@ -391,7 +398,6 @@ static void bulk_files_locked(struct pmem *s, const struct sbx_bulk_opts *o,
 {
 	for (size_t i = 0; i < o->nfiles; i++) {
 		struct pinode *k;
-		struct bitem *f;
 		char *p = NULL;
 
 		if (pmem_clean(o->files[i], &p) < 0 ||
@@ -402,17 +408,7 @@ static void bulk_files_locked(struct pmem *s, const struct sbx_bulk_opts *o,
 			free(p);
 			continue;
 		}
-		f = bitem_add(w);
-		f->path = p;
-		f->it.kind = SBX_BULK_FILE;
-		f->it.path = p;
-		pmem_fill_stat(s, k, &f->it.st);
-		f->data = sbx_xmalloc(k->size ? k->size : 1);
-		if (k->size)
-			memcpy(f->data, k->data, k->size);
-		f->it.data = f->data;
-		f->it.len = k->size;
-		w->total += k->size;
+		bitem_file(s, w, k, p);
 	}
 }
 

@@ -145,20 +145,6 @@ static void fill(char *buf, size_t len, int seed)
 		buf[i] = (char)('a' + (i * 7 + (size_t)seed) % 26);
 }
 
-/* What the sandbox holds at path equals data[len]. */
-static bool holds(struct tc_env *e, const char *path, const void *data,
-		  size_t len)
-{
-	char *buf = malloc(len + 1);
-	size_t got = 0;
-	bool ok;
-
-	ok = buf && pmem_ext_read(e->mem, path, buf, len + 1, &got) == 0 &&
-	     got == len && memcmp(buf, data, len) == 0;
-	free(buf);
-	return ok;
-}
-
 /* ---- bounded sections ---------------------------------------------------- */
 
 /* A test body run in a worker thread; err[0] != 0 is a failure. */
@@ -434,10 +420,10 @@ static void test_write_flush_release(void **state)
 				       sizeof(data) - 1000, 1000),
 			 (ssize_t)(sizeof(data) - 1000));
 	assert_int_equal(e->ops->flush(e->cache, fh), 0);
-	assert_true(holds(e, "new", data, sizeof(data)));
+	assert_true(tc_holds(e, "new", data, sizeof(data)));
 	assert_true(pmem_calls(e->mem, "write") >= 1);
 	assert_int_equal(e->ops->release(e->cache, fh), 0);
-	assert_true(holds(e, "new", data, sizeof(data)));
+	assert_true(tc_holds(e, "new", data, sizeof(data)));
 	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
 	assert_int_equal(st.st_size, sizeof(data));
 }
@@ -734,7 +720,7 @@ static void *push_failure_body(struct body *b)
 	CHECK(b, pmem_fail(e->mem, "write", 0, 0) == 0, "pmem_fail clear");
 	rc = e->ops->fsync(e->cache, fh, false);
 	if (rc == 0)
-		CHECK(b, holds(e, "f", data, sizeof(data)),
+		CHECK(b, tc_holds(e, "f", data, sizeof(data)),
 		      "fsync returned 0 but the sandbox does not hold the "
 		      "4 KiB (the other caller's getattr returned %d and the "
 		      "failed push was dropped)",
@@ -780,7 +766,7 @@ static void test_bounded_writeback(void **state)
 		if (!there)
 			usleep(50 * 1000);
 	}
-	there = there && holds(e, "log", data, sizeof(data));
+	there = there && tc_holds(e, "log", data, sizeof(data));
 	assert_int_equal(tc_close(e, fh), 0);
 	if (!there)
 		fail_msg("4 KiB written to an open file did not reach the "
@@ -947,7 +933,7 @@ static void *rename_open_body(struct body *b)
 	      rc);
 	rc = tc_close(e, fh);
 	CHECK(b, rc == 0, "close after a rename through the mount: %d", rc);
-	CHECK(b, holds(e, "g", data, sizeof(data)),
+	CHECK(b, tc_holds(e, "g", data, sizeof(data)),
 	      "close returned 0 but g does not hold the data");
 	return NULL;
 }

@@ -130,6 +130,20 @@ static inline void tc_settle(struct tc_env *e)
 	pmem_calls_reset(e->mem);
 }
 
+/* What the sandbox holds at path equals data[len]. */
+static inline bool tc_holds(struct tc_env *e, const char *path,
+			    const void *data, size_t len)
+{
+	char *buf = malloc(len + 1);
+	size_t got = 0;
+	bool ok;
+
+	ok = buf && pmem_ext_read(e->mem, path, buf, len + 1, &got) == 0 &&
+	     got == len && memcmp(buf, data, len) == 0;
+	free(buf);
+	return ok;
+}
+
 /* ---- the daemon's sequences (return codes only: any thread) ------------- */
 
 /* unlink(2) of root/name: the kernel looks the name up first. */

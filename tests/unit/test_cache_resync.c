@@ -22,69 +22,12 @@
  */
 #include "config.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cmocka.h>
-
-#include "sbx/provider.h"
-#include "../../fs/cache.h"
-#include "../../providers/mem/pmem.h"
-
-struct env {
-	struct sbx_sandbox *mem;
-	struct sbx_sandbox *cache;
-	const struct sbx_sandbox_ops *ops;
-	struct sbx_node *root;
-};
-
-static void on_change(const struct sbx_change *c, void *payload)
-{
-	(void)c;
-	(void)payload;
-}
-
-static int setup(void **state)
-{
-	struct env *e = calloc(1, sizeof(*e));
-
-	assert_non_null(e);
-	assert_int_equal(pmem_new(&e->mem, NULL), 0);
-	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
-	e->ops = e->cache->ops;
-	e->root = e->ops->root(e->cache);
-	assert_int_equal(e->ops->watch_start(e->cache, on_change, NULL), 0);
-	*state = e;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct env *e = *state;
-
-	sbx_sandbox_free(e->cache);
-	sbx_sandbox_free(e->mem);
-	free(e);
-	return 0;
-}
-
-/* Deliver every change made so far (the exec barrier). */
-static void settle(struct env *e)
-{
-	assert_int_equal(e->ops->watch_sync(e->cache), 0);
-}
+#include "test_cache_i.h"
 
 /* link(2) of `node` as root/name: the kernel looks the new name up first. */
-static void k_link(struct env *e, struct sbx_node *node, const char *name)
+static void k_link(struct tc_env *e, struct sbx_node *node, const char *name)
 {
 	struct sbx_node *n;
 	struct stat st;
@@ -97,7 +40,7 @@ static void k_link(struct env *e, struct sbx_node *node, const char *name)
 }
 
 /* unlink(2) of root/name. */
-static void k_unlink(struct env *e, const char *name)
+static void k_unlink(struct tc_env *e, const char *name)
 {
 	struct sbx_node *n;
 	struct stat st;
@@ -112,23 +55,23 @@ static void k_unlink(struct env *e, const char *name)
  * *node), linked as each of `links`, then "a" removed: all through the
  * cache, every event delivered.
  */
-static void linked_then_removed(struct env *e, const char *data,
+static void linked_then_removed(struct tc_env *e, const char *data,
 				const char *const *links,
 				struct sbx_node **node)
 {
 	struct stat st;
 
 	assert_int_equal(pmem_ext_write(e->mem, "a", data, strlen(data)), 0);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", node, &st), 0);
 	for (; *links; links++)
 		k_link(e, *node, *links);
 	k_unlink(e, "a");
-	settle(e);
+	tc_settle(e);
 }
 
 /* Open the daemon's node read-only and read it whole into buf. */
-static int read_node(struct env *e, struct sbx_node *node, char *buf,
+static int read_node(struct tc_env *e, struct sbx_node *node, char *buf,
 		     size_t size)
 {
 	struct sbx_open_result res;
@@ -152,7 +95,7 @@ static int read_node(struct env *e, struct sbx_node *node, char *buf,
 static void test_overflow_after_removed_link(void **state)
 {
 	static const char *const links[] = {"b", NULL};
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct stat st;
 	char buf[64];
@@ -160,7 +103,7 @@ static void test_overflow_after_removed_link(void **state)
 	linked_then_removed(e, "hello", links, &n);
 	/* Events were lost: every name, "a" too, must be asked about. */
 	pmem_ext_overflow(e->mem);
-	settle(e);
+	tc_settle(e);
 
 	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
 	assert_int_equal(st.st_nlink, 1);
@@ -175,7 +118,7 @@ static void test_overflow_after_removed_link(void **state)
 static void test_new_file_under_removed_link(void **state)
 {
 	static const char *const links[] = {"b", NULL};
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n;
 	struct stat st, bst;
 	char buf[64];
@@ -183,7 +126,7 @@ static void test_new_file_under_removed_link(void **state)
 	linked_then_removed(e, "hello", links, &n);
 	/* Another file takes the name behind the mount. */
 	assert_int_equal(pmem_ext_write(e->mem, "a", "other!", 6), 0);
-	settle(e);
+	tc_settle(e);
 
 	/* The inode is still the file "b" names, not the new "a". */
 	assert_int_equal(pmem_ext_stat(e->mem, "b", &bst), 0);
@@ -198,7 +141,7 @@ static void test_new_file_under_removed_link(void **state)
 /* ---- a listing that raced with a change ---------------------------------- */
 
 struct lister {
-	struct env *e;
+	struct tc_env *e;
 	int rc;
 };
 
@@ -218,7 +161,7 @@ static void *list_root(void *arg)
 static void test_listing_raced_after_removed_link(void **state)
 {
 	static const char *const links[] = {"b", NULL};
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct lister l = {e, -1};
 	struct sbx_node *n;
 	struct stat st;
@@ -232,7 +175,7 @@ static void test_listing_raced_after_removed_link(void **state)
 	assert_int_equal(pthread_create(&t, NULL, list_root, &l), 0);
 	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
 	assert_int_equal(pmem_ext_write(e->mem, "other", "x", 1), 0);
-	settle(e);
+	tc_settle(e);
 	pmem_gate_release(e->mem);
 	assert_int_equal(pthread_join(t, NULL), 0);
 	assert_int_equal(l.rc, 0);
@@ -249,7 +192,7 @@ static void test_listing_raced_after_removed_link(void **state)
 static void test_stale_link_retry_takes_another(void **state)
 {
 	static const char *const links[] = {"b", "c", NULL};
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct sbx_node *n, *k;
 	struct stat st;
 	char buf[64];
@@ -276,7 +219,7 @@ static void test_stale_link_retry_takes_another(void **state)
 	assert_int_equal(rc, 0);
 	assert_string_equal(buf, "hello");
 	pmem_watch_hold(e->mem, false);
-	settle(e);
+	tc_settle(e);
 	e->ops->forget(e->cache, n);
 }
 
@@ -284,14 +227,14 @@ static void test_stale_link_retry_takes_another(void **state)
 
 static void test_listing_predating_own_link(void **state)
 {
-	struct env *e = *state;
+	struct tc_env *e = *state;
 	struct lister l = {e, -1};
 	struct sbx_node *n, *k;
 	struct stat st;
 	pthread_t t;
 
 	assert_int_equal(pmem_ext_write(e->mem, "a", "hello", 5), 0);
-	settle(e);
+	tc_settle(e);
 	/* No bulk walk: the root's listing is fetched by opendir. */
 	assert_int_equal(pmem_fail(e->mem, "bulk", -EIO, 1), 0);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "a", &n, &st), 0);
@@ -314,7 +257,7 @@ static void test_listing_predating_own_link(void **state)
 	e->ops->forget(e->cache, k);
 	/* Nor once the late event (our own, expected) arrives. */
 	pmem_watch_hold(e->mem, false);
-	settle(e);
+	tc_settle(e);
 	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &k, &st), 0);
 	e->ops->forget(e->cache, k);
 	e->ops->forget(e->cache, n);
@@ -324,16 +267,16 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(
-			test_overflow_after_removed_link, setup, teardown),
+			test_overflow_after_removed_link, tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(
-			test_new_file_under_removed_link, setup, teardown),
+			test_new_file_under_removed_link, tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(
-			test_listing_raced_after_removed_link, setup,
-			teardown),
+			test_listing_raced_after_removed_link, tc_setup,
+			tc_teardown),
 		cmocka_unit_test_setup_teardown(
-			test_stale_link_retry_takes_another, setup, teardown),
+			test_stale_link_retry_takes_another, tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(
-			test_listing_predating_own_link, setup, teardown),
+			test_listing_predating_own_link, tc_setup, tc_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

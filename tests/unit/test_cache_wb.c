@@ -39,20 +39,6 @@ static uint32_t rnd(uint32_t *s)
 	return *s;
 }
 
-/* What the sandbox holds at path equals data[len]. */
-static bool holds(struct tc_env *e, const char *path, const void *data,
-		  size_t len)
-{
-	char *buf = malloc(len + 1);
-	size_t got = 0;
-	bool ok;
-
-	ok = buf && pmem_ext_read(e->mem, path, buf, len + 1, &got) == 0 &&
-	     got == len && memcmp(buf, data, len) == 0;
-	free(buf);
-	return ok;
-}
-
 /* The calls that would be round trips of a remote sandbox. */
 static unsigned long trips(struct tc_env *e)
 {
@@ -146,7 +132,7 @@ static void test_scattered_writes_local(void **state)
 	 * wider than CACHE_WB_GAP) filled from the image. */
 	assert_int_equal(pmem_calls(e->mem, "write"), 1);
 	assert_int_equal(pmem_calls(e->mem, "read"), 0);
-	assert_true(holds(e, "out", model, size));
+	assert_true(tc_holds(e, "out", model, size));
 	e->ops->forget(e->cache, n);
 }
 
@@ -171,7 +157,7 @@ static void test_scattered_writes_large(void **state)
 			  777);
 	assert_true(pmem_calls(e->mem, "write") > 1);
 	assert_int_equal(tc_close(e, fh), 0);
-	assert_true(holds(e, "big", model, size));
+	assert_true(tc_holds(e, "big", model, size));
 	e->ops->forget(e->cache, n);
 }
 
@@ -203,7 +189,7 @@ static void test_cached_content_overlaid(void **state)
 	assert_int_equal(trips(e), 0);
 	assert_int_equal(tc_close(e, fh), 0);
 	assert_int_equal(pmem_calls(e->mem, "write"), 1);
-	assert_true(holds(e, "c", "0123XY6789abcdef\0\0end", 21));
+	assert_true(tc_holds(e, "c", "0123XY6789abcdef\0\0end", 21));
 	e->ops->forget(e->cache, n);
 }
 
@@ -289,7 +275,7 @@ static void test_push_failure_keeps_extents(void **state)
 	assert_int_equal(e->ops->flush(e->cache, fh), -ENOSPC);
 	pmem_set_hook(e->mem, NULL, NULL);
 	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
-	assert_true(holds(e, "g", want, sizeof(want)));
+	assert_true(tc_holds(e, "g", want, sizeof(want)));
 	assert_int_equal(e->ops->release(e->cache, fh), 0);
 	e->ops->forget(e->cache, n);
 }
@@ -313,7 +299,7 @@ static void test_extents_merge(void **state)
 	assert_int_equal(e->ops->write(e->cache, fh, "bbbCdd", 6, 2), 6);
 	assert_int_equal(tc_close(e, fh), 0);
 	assert_int_equal(pmem_calls(e->mem, "write"), 1);
-	assert_true(holds(e, "m", "aabbbCddee", 10));
+	assert_true(tc_holds(e, "m", "aabbbCddee", 10));
 	e->ops->forget(e->cache, n);
 }
 
