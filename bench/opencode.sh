@@ -29,7 +29,9 @@
 # packages into the shared config directory.
 #
 # Environment: RUNS (3), DELAY_MS (10), OPENCODE (default: opencode on
-# PATH), WORKDIR (/var/tmp), KEEP=1 keeps the work directory.
+# PATH), WORKDIR (/var/tmp), KEEP=1 keeps the work directory, REQLOG=FILE
+# logs the remote runs' requests to the agent (bench/reqlog.py between the
+# daemon and the latency proxy, one JSON line each, appended).
 set -euo pipefail
 
 BENCH=opencode.sh
@@ -152,8 +154,17 @@ for i in $(seq "$RUNS"); do
 	root=$(fresh_copy remoteroot)
 	start_agent "$root" agent
 	start_proxy "$agent_port"
+	url_port=$proxy_port
+	if [ -n "${REQLOG:-}" ]; then
+		"$PY" "$top/bench/reqlog.py" --listen 127.0.0.1:0 \
+			--target "127.0.0.1:$proxy_port" --log "$REQLOG" \
+			>"$work/reqlog.$i.port" 2>"$work/reqlog.$i.log" &
+		pids+=($!)
+		wait_port "$work/reqlog.$i.port" "$work/reqlog.$i.log"
+		url_port=$port
+	fi
 	s=ocremote$i
-	mnt=$(bench_up_remote "$s" "$proxy_port") ||
+	mnt=$(bench_up_remote "$s" "$url_port") ||
 		die "sbx up $s failed: $(cat "$SBX_HOME/logs/$s.log" 2>/dev/null)"
 	sessions+=("$s")
 	run_task "$mnt"
