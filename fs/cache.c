@@ -65,6 +65,8 @@ void cache_unlock(struct cache *c)
 
 int cache_inner_node(struct cache *c, const char *path, struct sbx_node **out)
 {
+	/* Every call about a path starts here: deferred touches go first. */
+	touch_drain(c);
 	return c->inner->ops->node_at(c->inner, path, out);
 }
 
@@ -314,6 +316,51 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	return 0;
 }
 
+/*
+ * A touch (utime(NULL), futimens(UTIME_NOW)) of a regular file or
+ * directory whose attributes the tree holds, while the change stream is
+ * healthy: answered from them with the times set to now, and queued for
+ * the sender (cache_touch.c), so a run of touches costs a few requests,
+ * not one each.  Permissions are the kernel's: the mount always has
+ * default_permissions (fs/fs.c), which checks owner or write access for a
+ * touch before it reaches us.  A file with other names is not deferred
+ * (their ctime would change too), nor one with buffered writes (the touch
+ * must follow them).  True when answered; *out filled.
+ */
+static bool touch_deferred(struct cache *c, struct cnode *n, int valid,
+			   struct stat *out)
+{
+	struct timespec now;
+	struct stat st;
+
+	if (!c->inner->ops->setattr_many || !touch_only(valid))
+		return false;
+	clock_gettime(CLOCK_REALTIME, &now);
+	cache_lock(c);
+	st = n->st;
+	if (!cache_healthy(c) || !n->st_valid || n->dirty || n->orphan ||
+	    n->hidden || n->slot == S_ABSENT ||
+	    !(S_ISDIR(st.st_mode) ||
+	      (S_ISREG(st.st_mode) && st.st_nlink == 1)) ||
+	    !touch_queue(c, n, valid)) {
+		cache_unlock(c);
+		return false;
+	}
+	if (valid & SBX_SET_ATIME)
+		st.st_atim = now;
+	if (valid & SBX_SET_MTIME)
+		st.st_mtim = now;
+	st.st_ctim = now;
+	n->st = st;
+	n->st_time = cache_now();
+	/* A fetch out now may answer from before the touch: not kept. */
+	c->events++;
+	*out = st;
+	out->st_nlink = tree_visible_nlink(n, st.st_nlink);
+	cache_unlock(c);
+	return true;
+}
+
 static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, const struct stat *in, int valid,
 		     struct stat *out)
@@ -327,6 +374,8 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	int rc;
 
 	(void)fh;
+	if (touch_deferred(c, n, valid, out))
+		return 0;
 	/* tar's fchown/fchmod/futimens before close: the buffered bytes and
 	 * the setattr in one exchange when they fit. */
 	rc = wb_push_node_then(c, n, &then, out, &pushed);
@@ -989,6 +1038,7 @@ static int c_exec_start(struct sbx_sandbox *sb,
 	if (!c->inner->ops->exec_start)
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOSYS,
 				     "this sandbox cannot run commands");
+	touch_drain(c);
 	return c->inner->ops->exec_start(c->inner, req, out);
 }
 
@@ -1047,8 +1097,11 @@ static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
 static int c_syncfs(struct sbx_sandbox *sb)
 {
 	struct cache *c = CACHE(sb);
-	int rc = wb_push_all(c);
+	int rc;
 
+	/* The exec barrier: touches are changes the command must see. */
+	touch_drain(c);
+	rc = wb_push_all(c);
 	if (rc == 0 && c->inner->ops->syncfs)
 		rc = c->inner->ops->syncfs(c->inner);
 	return rc;
@@ -1060,6 +1113,8 @@ static void c_free(struct sbx_sandbox *sb)
 
 	if (!c)
 		return;
+	/* Deferred touches go out now (their failures are logged). */
+	touch_stop(c);
 	change_watch_stop(c);
 	/* Files still open at exit: their writes go out now or never. */
 	if (wb_push_all(c) < 0) {

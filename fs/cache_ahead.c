@@ -306,8 +306,10 @@ static void job_run(struct cache *c, struct ahead_job *j)
 	cache_lock(c);
 	off = c->ahead->disabled; /* planned before an ENOSYS came back */
 	cache_unlock(c);
-	if (!off)
+	if (!off) {
+		touch_drain(c); /* its attributes must be after the touches */
 		rc = c->inner->ops->bulk(c->inner, "", &o, job_item, &x);
+	}
 	cache_lock(c);
 	if (rc < 0) {
 		sbx_debug("look-ahead of %zu files failed: %s", j->n,

@@ -221,9 +221,18 @@ int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload)
 	return rc;
 }
 
+void change_notify_attr(struct cache *c, const struct stat *st)
+{
+	forward(c, SBX_CHANGE_ATTR, NULL, NULL, st);
+}
+
 int change_watch_sync(struct cache *c)
 {
-	int rc = c->inner->ops->watch_sync(c->inner);
+	int rc;
+
+	/* Their events are among those to wait for. */
+	touch_drain(c);
+	rc = c->inner->ops->watch_sync(c->inner);
 
 	if (rc < 0) {
 		/* Could not catch up: trust nothing cached. */

@@ -11,6 +11,7 @@
  *                    events, forwarding them to the daemon
  *   cache_silly.c    unlink of open files (silly rename) and last close
  *   cache_entry.c    operations on entries: create, link, remove, rename
+ *   cache_touch.c    deferred touches (utime(NULL)) and their sender
  *   cache.c          the sbx_sandbox_ops table and everything else
  *
  * Locks, in the order they are taken (a thread holding one may take only
@@ -26,6 +27,12 @@
  *                   happen with only 1 (or nothing) held.  Disk
  *                   work decided under it (spilling contents, removing
  *                   spilled files) is queued and done by cache_unlock().
+ *   3. touch.lock   the queue of deferred touches (cache_touch.c) and
+ *                   cnode.touch_valid.  Taken under 2 to queue; the
+ *                   sender holds nothing while it calls the sandbox or
+ *                   takes 2.  A drain (touch_drain) waits on it with
+ *                   nothing else of the cache's held but maybe 1 (the
+ *                   sender never takes 1).
  *
  * Lifetimes.  Nodes live as long as the cache (the daemon holds
  * references to them; a repository's worth of paths is small).  Open files
@@ -179,6 +186,9 @@ struct cnode {
 	ino_t ring_ino;
 	struct cnode *ring_next, *ring_prev;
 	struct sbx_hashmap_node ring_node; /* a head's entry in c->rings */
+
+	/* touch.lock, not c->lock: SBX_SET_* of its queued touch, or 0. */
+	int touch_valid;
 };
 
 /* One extent of unpushed writes of an open file. */
@@ -274,6 +284,8 @@ struct cache {
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
 	struct ahead *ahead;       /* cache_ahead.c; NULL until first used */
+	/* cache_touch.c; NULL until the first touch (set under c->lock). */
+	struct touch *touch;
 	/* The last statfs answer, reused for CACHE_STATFS_TTL (c_statfs). */
 	struct statvfs statfs;
 	double statfs_time;
@@ -617,7 +629,37 @@ void change_own_done(struct cache *c);
 void change_expect_clear(struct cache *c);
 int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload);
 int change_watch_sync(struct cache *c);
+/*
+ * Tell the daemon (the change callback) that the attributes of the file
+ * st names changed, so the kernel drops what it keeps.  No lock held.
+ */
+void change_notify_attr(struct cache *c, const struct stat *st);
 void change_watch_stop(struct cache *c);
+
+/* ---- cache_touch.c: deferred touches ----------------------------------- */
+
+/*
+ * Does a setattr with `valid` (SBX_SET_*) only set atime and/or mtime to
+ * now?  Such a touch may be deferred (see c_setattr and docs/design.md).
+ */
+bool touch_only(int valid);
+/*
+ * Queue a touch (`valid` as above) of n, whose attributes were just
+ * answered from the tree; same-node touches queued and not yet taken by
+ * the sender merge.  c->lock held.  False when it cannot be queued
+ * (stopping; no thread): send it now.
+ */
+bool touch_queue(struct cache *c, struct cnode *n, int valid);
+/*
+ * Wait until every touch queued before the call has been sent and
+ * answered.  Called before every inner call but the sender's own
+ * (cache_inner_node, bulk walks, syncfs, exec, watch_sync), so a queued
+ * touch reaches the sandbox before any later request.  No lock held but
+ * maybe a cfile.wlock.  Costs one atomic load when nothing was queued.
+ */
+void touch_drain(struct cache *c);
+/* Send what is queued and stop the sender (no lock held; at c_free). */
+void touch_stop(struct cache *c);
 
 /* ---- cache_silly.c ----------------------------------------------------- */
 

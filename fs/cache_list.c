@@ -87,6 +87,7 @@ void list_prefetch(struct cache *c, struct cnode *dir)
 	dir->prefetching = true;
 	ctx.gen = c->events;
 	cache_unlock(c);
+	touch_drain(c); /* the walk must see the touches */
 	rc = c->inner->ops->bulk(c->inner, path, &o, bulk_item, &ctx);
 	cache_lock(c);
 	if (rc < 0) {

@@ -363,6 +363,14 @@ typedef int (*sbx_repo_object_cb)(const char *name, uint64_t size,
 				  uint64_t offset, const void *data,
 				  size_t len, int err, void *payload);
 
+/* One setattr of setattr_many() (struct sbx_sandbox_ops). */
+struct sbx_setattr_item {
+	struct sbx_node *node;  /* borrowed */
+	const struct stat *in;  /* as setattr()'s; borrowed */
+	int valid;              /* SBX_SET_* */
+	int rc;                 /* out: 0 or -errno */
+};
+
 /* What write_then() does after its write (struct sbx_sandbox_ops). */
 enum sbx_then { SBX_THEN_FSYNC, SBX_THEN_SETATTR };
 struct sbx_write_then {
@@ -402,6 +410,19 @@ struct sbx_sandbox_ops {
 
 	int (*readlink)(struct sbx_sandbox *sb, struct sbx_node *node,
 			char *buf, size_t size); /* returns length or -errno */
+
+	/*
+	 * Optional: setattr() of many nodes in few exchanges (the caching
+	 * layer sends its deferred touches so), in order, without their new
+	 * attributes.  Returns 0 when every item was attempted, each item's
+	 * rc saying how it went (error detail of a failed item is not kept);
+	 * -errno when an exchange failed as a whole: then the items from the
+	 * first one it carried on have that rc and may or may not be done
+	 * (callers only send idempotent changes).  NULL: no batching; the
+	 * caching layer then sends each setattr() as it comes.
+	 */
+	int (*setattr_many)(struct sbx_sandbox *sb,
+			    struct sbx_setattr_item *items, size_t n);
 
 	/* Create nodes; each returns a node reference and its attributes. */
 	int (*mknod)(struct sbx_sandbox *sb, struct sbx_node *parent,

@@ -100,6 +100,35 @@ static int m_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 			    setattr_fn, &a);
 }
 
+/*
+ * One exchange (a single pmem_enter, named by the first item's path: its
+ * gate, hook, counter and fault stand for the whole exchange), then each
+ * item in order under the tree lock, each with its own result.
+ */
+static int m_setattr_many(struct sbx_sandbox *sb,
+			  struct sbx_setattr_item *items, size_t n)
+{
+	struct pmem *s = PMEM(sb);
+	int rc;
+
+	if (n == 0)
+		return 0;
+	rc = pmem_enter(s, OP_SETATTR_MANY, PNODE(items[0].node)->path);
+	if (rc < 0) {
+		for (size_t i = 0; i < n; i++)
+			items[i].rc = rc;
+		return rc;
+	}
+	pthread_mutex_lock(&s->lock);
+	for (size_t i = 0; i < n; i++)
+		items[i].rc = pmem_setattr_locked(s, PNODE(items[i].node)->path,
+						  items[i].in, items[i].valid,
+						  NULL);
+	pthread_mutex_unlock(&s->lock);
+	sbx_error_clear();
+	return 0;
+}
+
 struct readlink_args {
 	char *buf;
 	size_t size;
@@ -473,6 +502,7 @@ static const struct sbx_sandbox_ops pmem_ops = {
 	.forget = m_forget,
 	.getattr = m_getattr,
 	.setattr = m_setattr,
+	.setattr_many = m_setattr_many,
 	.readlink = m_readlink,
 	.mknod = m_mknod,
 	.mkdir = m_mkdir,

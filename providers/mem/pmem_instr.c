@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
 	"release", "fallocate", "lseek", "opendir", "readdir",
 	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
 	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
-	"write_then",
+	"write_then", "setattr_many",
 };
 
 static int op_index(const char *name)

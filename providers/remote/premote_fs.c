@@ -21,6 +21,7 @@
 
 #include "sbx/hashmap.h"
 #include "sbx/json.h"
+#include "sbx/proto.h"
 #include "sbx/proto_batch.h"
 #include "sbx/xmalloc.h"
 
@@ -340,6 +341,64 @@ static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	setattr_op(&op, path, in, valid);
 	rc = batch_st(s, &op, path, out);
 	free(path);
+	return rc;
+}
+
+/*
+ * Up to SBX_PROTO_MAX_BATCH setattr ops per POST /v1/fs/batch.  Sent as
+ * idempotent (retried once on a connection failure like GETs are): the
+ * caching layer sends only touches through here, which may run twice.
+ */
+static int setattr_chunk(struct premote_sandbox *s,
+			 struct sbx_setattr_item *items, size_t n)
+{
+	struct sbx_batch_op ops[SBX_PROTO_MAX_BATCH];
+	char *paths[SBX_PROTO_MAX_BATCH];
+	cJSON *req, *ans = NULL, *r;
+	char ctx[300];
+	int rc;
+
+	for (size_t i = 0; i < n; i++) {
+		paths[i] = premote_npath(s, items[i].node);
+		setattr_op(&ops[i], paths[i], items[i].in, items[i].valid);
+	}
+	req = sbx_batch_encode(ops, n, false);
+	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
+			       true, &ans);
+	for (size_t i = 0; i < n; i++) {
+		if (rc == 0) {
+			snprintf(ctx, sizeof(ctx), "setattr %s", paths[i]);
+			r = NULL;
+			items[i].rc = premote_fs_errno(
+				sbx_batch_result_take(ans, n, i, ctx, &r));
+			cJSON_Delete(r);
+		} else {
+			items[i].rc = premote_fs_errno(rc);
+		}
+		free(paths[i]);
+	}
+	cJSON_Delete(ans);
+	cJSON_Delete(req);
+	return rc < 0 ? premote_fs_errno(rc) : 0;
+}
+
+static int r_setattr_many(struct sbx_sandbox *sb,
+			  struct sbx_setattr_item *items, size_t n)
+{
+	struct premote_sandbox *s = RSB(sb);
+	int rc = 0;
+
+	for (size_t i = 0; i < n && rc == 0; i += SBX_PROTO_MAX_BATCH) {
+		size_t k = n - i < SBX_PROTO_MAX_BATCH ? n - i
+						       : SBX_PROTO_MAX_BATCH;
+
+		rc = setattr_chunk(s, items + i, k);
+		if (rc < 0)
+			for (size_t j = i + k; j < n; j++)
+				items[j].rc = rc;
+	}
+	if (rc == 0)
+		sbx_error_clear();
 	return rc;
 }
 
@@ -948,6 +1007,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.forget = r_forget,
 	.getattr = r_getattr,
 	.setattr = r_setattr,
+	.setattr_many = r_setattr_many,
 	.readlink = r_readlink,
 	.mknod = r_mknod,
 	.mkdir = r_mkdir,
