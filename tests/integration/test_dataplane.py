@@ -544,3 +544,81 @@ def test_setattr_of_a_written_open_file_like_tar(sandbox):
     assert w.read_bytes()[:1] == b"v"
     assert os.stat(w).st_mtime_ns == 4_000_000_000
     _same_attrs(m, w, "after utime")
+
+
+# -- deferred touches ------------------------------------------------------------------
+
+
+def _touch_tree(m, w, n):
+    """n files with old times made behind the mount, then listed and
+    stat'ed through it (their attributes are known)."""
+    (w).mkdir()
+    for i in range(n):
+        p = w / f"o{i:03d}"
+        p.write_bytes(b"x")
+        os.utime(p, (1_000_000_000, 1_000_000_000))
+    wait_for(lambda: len(os.listdir(m)) == n, 30, "files seen in the mount")
+    for i in range(n):
+        os.stat(m / f"o{i:03d}")
+
+
+def test_touch_of_many_files_reaches_the_sandbox(sandbox):
+    """touch(1) of many files is a futimens(UTIME_NOW) each; the cache
+    answers them at once and sends them in batches (docs/design.md,
+    "Deferred touches"): the mount shows the new times at once and the
+    sandbox gets them too."""
+    m, w = sandbox.mnt / "touched", sandbox.worktree / "touched"
+    _touch_tree(m, w, 300)
+    start = time.time() - 5
+    names = [f"o{i:03d}" for i in range(300)]
+    r = subprocess.run(["touch", *names], cwd=m, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for n in names:
+        st = os.stat(m / n)
+        assert st.st_mtime > start and st.st_atime > start, n
+        assert st.st_size == 1
+    wait_for(lambda: all(os.stat(w / n).st_mtime > start for n in names),
+             30, "touches in the sandbox")
+    assert all(os.stat(w / n).st_atime > start for n in names)
+    # Another change after the touches lands after them.
+    (m / "o000").write_bytes(b"after")
+    assert (w / "o000").read_bytes() == b"after"
+
+
+@pytest.mark.providers("remote")
+@pytest.mark.remote_only("counts requests through a logging proxy")
+def test_touch_of_many_files_costs_few_requests(provider, sbx_env, repo,
+                                                agent, tmp_path):
+    # git's freshen_file (utime(NULL) of every object it finds in an
+    # alternate) and make's touch used to cost one request per file.
+    from testenv.agent import up_remote
+    rl = RequestLog(agent.address, tmp_path / "requests.log")
+    try:
+        sb = up_remote(sbx_env, "t3", agent, rl, repo=repo)
+        try:
+            m, w = sb.mnt / "touched", sb.worktree / "touched"
+            _touch_tree(m, w, 300)
+            mark = rl.mark()
+            names = [f"o{i:03d}" for i in range(300)]
+            r = subprocess.run(["touch", *names], cwd=m, capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            start = time.time() - 60
+            wait_for(lambda: all(os.stat(w / n).st_mtime > start
+                                 for n in names), 30, "touches in the sandbox")
+            reqs = [q for q in rl.since(mark) if not q.get("stream")]
+            summary = "\n".join(f"{q['method']} {q['path']} {q.get('ops')}"
+                                for q in reqs)
+            sent = [q for q in reqs if "setattr" in (q.get("ops") or [])]
+            assert sum(q["ops"].count("setattr") for q in sent) == 300, \
+                summary
+            # One request per batch, while the previous one is out: ~13
+            # for 300 with a local agent (each request outlasts a dozen
+            # touches), fewer as the round trip grows; 300 before.
+            assert len(sent) <= 60, summary
+            assert len(reqs) <= len(sent) + 10, summary
+        finally:
+            sbx_env.sbx("down", "t3", "--force", timeout=60)
+    finally:
+        rl.close()
