@@ -41,6 +41,9 @@
  *    flush and syncfs have nothing to push and return 0.  write_then
  *    writes all or fails (-EIO for a short write), has no size limit,
  *    and answers -E2BIG for O_APPEND files; its setattr is setattr's.
+ *    setattr_many is one operation for the instrumentation (named by
+ *    its first item's path; an injected fault fails every item) and
+ *    then does each item's setattr in order, each with its own result.
  *    Attributes on the side (struct sbx_side, sbx/provider.h): when the
  *    calling thread armed one, a successful entry operation fills the
  *    entry's directory (rename: both) and a write the file, taken under
