@@ -223,7 +223,9 @@ int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload)
 
 void change_notify_attr(struct cache *c, const struct stat *st)
 {
-	forward(c, SBX_CHANGE_ATTR, NULL, NULL, st);
+	/* After watch_stop the daemon may be tearing down what cb uses. */
+	if (__atomic_load_n(&c->watching, __ATOMIC_ACQUIRE))
+		forward(c, SBX_CHANGE_ATTR, NULL, NULL, st);
 }
 
 int change_watch_sync(struct cache *c)
@@ -245,6 +247,9 @@ int change_watch_sync(struct cache *c)
 
 void change_watch_stop(struct cache *c)
 {
+	/* Touches answered so far go out while the daemon can hear of a
+	 * failure (change_notify_attr). */
+	touch_drain(c);
 	if (__atomic_load_n(&c->watching, __ATOMIC_ACQUIRE))
 		c->inner->ops->watch_stop(c->inner);
 	__atomic_store_n(&c->watching, false, __ATOMIC_RELEASE);

@@ -631,7 +631,9 @@ int change_watch_start(struct cache *c, sbx_change_cb cb, void *payload);
 int change_watch_sync(struct cache *c);
 /*
  * Tell the daemon (the change callback) that the attributes of the file
- * st names changed, so the kernel drops what it keeps.  No lock held.
+ * st names changed, so the kernel drops what it keeps; nothing once the
+ * stream is stopped (change_watch_stop drains touches first).  No lock
+ * held.
  */
 void change_notify_attr(struct cache *c, const struct stat *st);
 void change_watch_stop(struct cache *c);

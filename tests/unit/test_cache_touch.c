@@ -299,6 +299,22 @@ static void test_exec_barrier_drains(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/* Unmount (the cache freed) sends what is queued first. */
+static void test_teardown_sends_touches(void **state)
+{
+	struct tc_env *e = *state;
+	struct stat st, out, mst;
+	struct sbx_node *n = old_file(e, "f", &st);
+
+	rec_start(e, "nothing");
+	assert_int_equal(touch(e, n, &out), 0);
+	e->ops->forget(e->cache, n);
+	sbx_sandbox_free(e->cache);
+	e->cache = NULL;
+	assert_int_equal(pmem_ext_stat(e->mem, "f", &mst), 0);
+	assert_true(ts_after(mst.st_mtim, st.st_mtim));
+}
+
 static bool file_has(const char *path, const char *a, const char *b)
 {
 	char buf[8192];
@@ -378,6 +394,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rename_waits_for_touch,
 						tc_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_exec_barrier_drains,
+						tc_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_teardown_sends_touches,
 						tc_setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_failed_touch_logged_and_invalidated, tc_setup,
