@@ -21,6 +21,13 @@
  * error if it persists; only the last RELEASE drops what cannot be pushed
  * (and logs it).
  *
+ * Touches (setattr of atime/mtime to now only) of files whose attributes
+ * are known are answered at once and sent in batches by a sender thread
+ * (the wrapped sandbox's setattr_many); every other call into the wrapped
+ * sandbox waits for the touches queued before it.  A touch that fails
+ * when sent is logged and the file's attributes invalidated: the caller,
+ * already answered, is not told.
+ *
  * Invalidation comes from the wrapped sandbox's change stream (paths),
  * which the cache turns into identity-based changes for the daemon.  While
  * the stream is healthy everything is cached until invalidated; otherwise
@@ -35,7 +42,8 @@
  * lifetimes and the parts are in cache_i.h.  The cache runs threads of
  * its own: the write-back flusher, from fs_cache_new() to
  * sbx_sandbox_free(), and the look-ahead prefetch's workers (three), from
- * the first read that needs them to sbx_sandbox_free().
+ * the first read that needs them to sbx_sandbox_free(), and the touch
+ * sender, from the first deferred touch to sbx_sandbox_free().
  */
 #ifndef FS_CACHE_H
 #define FS_CACHE_H
