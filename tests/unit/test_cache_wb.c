@@ -221,7 +221,10 @@ static void test_event_between_write_and_read(void **state)
 	assert_memory_equal(buf, "hello\0\0\0XY", 10);
 	assert_int_equal(buf[20], '!');
 	assert_true(pmem_calls(e->mem, "write") >= 1);
-	assert_true(pmem_calls(e->mem, "read") >= 1);
+	/* Read from the sandbox: alone, or by a look-ahead request
+	 * (cache_ahead.c), whichever answers first. */
+	assert_true(pmem_calls(e->mem, "read") + pmem_calls(e->mem, "bulk") >=
+		    1);
 	/* The next write: its size is right whether getattr answers from a
 	 * new image (the read above stored the content again) or pushes. */
 	assert_int_equal(e->ops->write(e->cache, fh, "Z", 1, 30), 1);
