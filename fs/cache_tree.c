@@ -331,8 +331,15 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 {
 	struct cnode *k = tree_kid_get(dir, name);
 
-	if (k->st.st_ino && k->st.st_ino != st->st_ino && !k->dirty &&
-	    !k->hidden) {
+	/*
+	 * Even with buffered writes: they were made to the old object, and
+	 * pushed through this name they would land in the new one (a name
+	 * renamed or removed behind us, or by a call whose answer an outage
+	 * lost, then made anew through the mount).  Detached, they reach
+	 * the old object through its other names or fail with ESTALE, which
+	 * the owner's fsync() or close() reports.
+	 */
+	if (k->st.st_ino && k->st.st_ino != st->st_ino && !k->hidden) {
 		tree_orphan(c, k);
 		k->st_valid = false;
 		content_drop(c, k);

@@ -306,6 +306,37 @@ static void test_extents_merge(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/*
+ * The name of a file with buffered bytes stopped naming it behind us (a
+ * rename the sandbox did although its answer was lost in an outage), and
+ * a new file was made under that name through the mount.  The buffered
+ * bytes belong to the old file: they must not be pushed into the new one
+ * (which would then hold data where its writer wrote nothing), and the
+ * owner's close() must say they were not delivered.
+ */
+static void test_name_taken_by_new_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n, *n2;
+	struct sbx_file *fh, *fh2;
+	struct stat st;
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "a", O_RDWR | O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "OLD!", 4, 0), 4);
+	assert_int_equal(pmem_ext_rename(e->mem, "a", "b", 0), 0);
+	tc_settle(e);
+	/* The kernel looks "a" up, finds it missing, creates it. */
+	assert_int_equal(tc_create(e, "a", O_RDWR, &n2, &fh2), 0);
+	assert_int_equal(e->ops->getattr(e->cache, n2, fh2, &st), 0);
+	assert_int_equal(st.st_size, 0);
+	assert_true(tc_close(e, fh) < 0);
+	assert_int_equal(tc_close(e, fh2), 0);
+	assert_true(tc_holds(e, "a", "", 0));
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, n2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -322,6 +353,8 @@ int main(void)
 			test_push_failure_keeps_extents, tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(test_extents_merge, tc_setup,
 						tc_teardown),
+		cmocka_unit_test_setup_teardown(test_name_taken_by_new_file,
+						tc_setup, tc_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
