@@ -86,11 +86,15 @@ static bool expect_take(struct cache *c, const char *path)
 void change_own_done(struct cache *c)
 {
 	/*
+	 * Our change counts as an event for fetches that were out across it
+	 * (the `gen` of cache_unlock_path()): their answer may predate it.
 	 * Without this, a listing sent before our create and answered after
 	 * it (no event in between: the stream was down, or the event was
 	 * late) recorded the new name as absent, and the late event, ours
 	 * and expected, was dropped: ENOENT for a file the sandbox has, for
-	 * as long as the stream stays healthy (mount-stale).
+	 * as long as the stream stays healthy (mount-stale); a directory
+	 * stat so answered was kept as valid, and a push's data could be
+	 * hidden the same way.  Entry operations, pushes and touches call it.
 	 */
 	c->events++;
 }

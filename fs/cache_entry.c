@@ -58,14 +58,6 @@ bool side_take_locked(struct cache *c, struct side_call *sc)
 	bool ok = sc->ended && sc->alone && c->side_gen == sc->gen &&
 		  (sc->dirs[0] || c->events == sc->events);
 
-	/*
-	 * Our change counts as an event for fetches that were out across it
-	 * (the `gen` of cache_unlock_path()): their answer may predate it,
-	 * and once our own entry event is dropped as expected nothing else
-	 * would correct what they keep.
-	 */
-	if (sc->ended)
-		c->events++;
 	sc->ended = false;
 	return ok;
 }

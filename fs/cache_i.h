@@ -270,11 +270,11 @@ struct cache {
 	struct cnode *orphans;     /* detached nodes (by orphan_next) */
 	struct expect *expect;     /* entry events our own calls will cause */
 	/*
-	 * Count of changes applied: change events, entry operations through
-	 * the mount (change_own_done) and the side calls of our own entry
-	 * changes and pushes (side_take_locked).  A fetch that sees it move
-	 * while its request was out may hold data from before the change: it
-	 * is returned but not trusted as cached (not fresh, not complete).
+	 * Count of changes applied: change events, and our own entry
+	 * operations, pushes and touches (change_own_done).  A fetch that
+	 * sees it move while its request was out may hold data from before
+	 * the change: it is returned but not trusted as cached (not fresh,
+	 * not complete).
 	 */
 	unsigned long events;
 	/* Of those, the ones not dropped as our own (struct side_call). */
@@ -414,8 +414,8 @@ void side_end(struct cache *c, struct side_call *sc);
  * c->lock held: may sc's attributes be used now, as far as other calls
  * and (for writes) events go?  A directory's own check (dir_time) is the
  * caller's.  Consumes sc (a second call says false).  The has_* flags
- * still say which were filled.  A call that ended counts as an applied
- * event (c->events), so that a fetch that was out across it is not kept.
+ * still say which were filled.  The caller counts the call as its own
+ * change (change_own_done()).
  */
 bool side_take_locked(struct cache *c, struct side_call *sc);
 

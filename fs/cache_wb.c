@@ -409,6 +409,7 @@ static int push_locked(struct cache *c, struct cfile *f)
 	cache_lock(c);
 	/* The last write's answer describes the file after all of them. */
 	ok = side_take_locked(c, &sc) && i == next && sc.side.has_file;
+	change_own_done(c);
 	if (sent)
 		written(c, f->node, ok ? &sc.side.file : NULL);
 	if (i == next) {
@@ -462,6 +463,7 @@ int wb_push_then(struct cache *c, struct cfile *f,
 	wb_io_end(c, &io);
 	cache_lock(c);
 	ok = side_take_locked(c, &sc) && rc == 0;
+	change_own_done(c);
 	if (landed) {
 		written(c, n, ok ? &got : NULL);
 		ext_free(ext, next);
