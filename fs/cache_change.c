@@ -159,8 +159,14 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		cache_unlock(c);
 		return;
 	}
-	c->foreign++;
 	n = tree_resolve(c, ch->path, false);
+	if (n && ch->kind == SBX_CHANGE_ATTR &&
+	    n->touch_own_until > cache_now()) {
+		/* Our deferred touch's echo (cache_touch.c): known here. */
+		cache_unlock(c);
+		return;
+	}
+	c->foreign++;
 	if (n)
 		wb_node_changed(n); /* even dirty: its local image is old */
 	if (n && !n->dirty) {

@@ -189,6 +189,13 @@ struct cnode {
 
 	/* touch.lock, not c->lock: SBX_SET_* of its queued touch, or 0. */
 	int touch_valid;
+	/*
+	 * Until then (cache_now()), attribute events that name it are the
+	 * echo of our own deferred touch and change nothing: INFINITY while
+	 * a batch carrying its touch is out, a short grace after the answer,
+	 * 0 otherwise (cache_touch.c).
+	 */
+	double touch_own_until;
 };
 
 /* One extent of unpushed writes of an open file. */

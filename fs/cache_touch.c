@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,18 +62,60 @@ struct sent {
 	struct sbx_setattr_item item;
 };
 
+/*
+ * How long after a batch's answer an attribute event that names one of its
+ * files is still taken as that touch's echo (seconds).  The agent changes
+ * the file before it answers, so its event is already on the stream then;
+ * one that comes later than this is taken as foreign: a stat, no harm.
+ */
+#define TOUCH_ECHO_GRACE 2.0
+
+/*
+ * A touch that went through: keep the sandbox's attributes (its clock's
+ * times, not the ones we answered with) unless the node changed since, and
+ * let the kernel ask us again if they differ.  No lock held.
+ */
+static void touch_done(struct cache *c, struct sent *s)
+{
+	struct cnode *n = s->node;
+	const struct stat *out = &s->item.out;
+	struct stat st;
+	bool notify = false;
+
+	cache_lock(c);
+	n->touch_own_until = cache_now() + TOUCH_ECHO_GRACE;
+	pthread_mutex_lock(&c->touch->lock);
+	if (out->st_ino != 0 && out->st_ino == n->st.st_ino && n->st_valid &&
+	    !n->dirty && !n->touch_valid) {
+		notify = memcmp(&out->st_mtim, &n->st.st_mtim,
+				sizeof(out->st_mtim)) != 0 ||
+			 memcmp(&out->st_atim, &n->st.st_atim,
+				sizeof(out->st_atim)) != 0;
+		n->st = *out;
+		n->st_time = cache_now();
+	}
+	pthread_mutex_unlock(&c->touch->lock);
+	st = n->st;
+	cache_unlock(c);
+	if (notify)
+		change_notify_attr(c, &st);
+}
+
 /* Record what came of one touch (no lock held). */
 static void touch_result(struct cache *c, struct sent *s, int rc)
 {
 	struct stat st;
 	bool known;
 
-	if (rc == 0)
+	if (rc == 0) {
+		touch_done(c, s);
 		return;
+	}
 	sbx_warn("touch of '%s' was not delivered to the sandbox: %s; its "
 		 "times there are unchanged", s->path ? s->path : "(gone)",
 		 strerror(-rc));
 	cache_lock(c);
+	s->node->touch_own_until = 0;
 	/* What we answered is not the sandbox's: ask it next time. */
 	tree_invalidate_file(s->node);
 	c->events++;
@@ -91,8 +134,11 @@ static void send_batch(struct cache *c, struct sent *b, size_t n)
 	int rc;
 
 	cache_lock(c);
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		b[i].path = tree_path_of(b[i].node);
+		/* Its attribute event may come before the answer. */
+		b[i].node->touch_own_until = INFINITY;
+	}
 	cache_unlock(c);
 	for (size_t i = 0; i < n; i++) {
 		if (!b[i].path) {
@@ -116,6 +162,7 @@ static void send_batch(struct cache *c, struct sent *b, size_t n)
 			struct sent *s = &b[idx[j]];
 
 			c->inner->ops->forget(c->inner, items[j].node);
+			s->item.out = items[j].out;
 			touch_result(c, s, rc < 0 ? rc : items[j].rc);
 		}
 	}

@@ -673,7 +673,6 @@ int sbx_batch_result_take(cJSON *answer, size_t n, size_t i,
 			  const char *context, cJSON **out)
 {
 	cJSON *results = cJSON_GetObjectItemCaseSensitive(answer, "results");
-	const cJSON *it;
 	cJSON *r;
 	int rc;
 
@@ -683,14 +682,21 @@ int sbx_batch_result_take(cJSON *answer, size_t n, size_t i,
 		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
 				     "/v1/fs/batch (%s): expected %zu "
 				     "result%s", context, n, n == 1 ? "" : "s");
-	cJSON_ArrayForEach(it, results)
-	{
-		if (!cJSON_IsObject(it))
-			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
-					     "/v1/fs/batch (%s): a result is "
-					     "not an object", context);
+	if (!cJSON_IsObject(cJSON_GetArrayItem(results, (int)i)))
+		return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
+				     "/v1/fs/batch (%s): result %zu is not "
+				     "an object", context, i);
+	/*
+	 * A null takes its place, so the others keep their indices and a
+	 * second take of the same result is refused as not an object.  (A
+	 * copy: cJSON 1.7.15 cannot insert where an item was detached.)
+	 */
+	r = cJSON_Duplicate(cJSON_GetArrayItem(results, (int)i), true);
+	if (!r || !cJSON_ReplaceItemInArray(results, (int)i,
+					    cJSON_CreateNull())) {
+		fputs("sbx: out of memory (cJSON)\n", stderr);
+		abort();
 	}
-	r = cJSON_DetachItemFromArray(results, (int)i);
 	rc = sbx_proto_error_from_json(r, context);
 	if (rc < 0) {
 		cJSON_Delete(r);

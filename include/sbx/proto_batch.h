@@ -138,8 +138,9 @@ struct cJSON *sbx_batch_encode(const struct sbx_batch_op *ops, size_t n,
 
 /*
  * The client's side of the answer {"results":[r0, r1, ...]}: check that
- * it holds `n` result objects and detach result `i` into *out (caller
- * deletes).  An op that failed returns its errno with the agent's message
+ * it holds `n` results and detach result `i`, an object, into *out (caller
+ * deletes), leaving a null in its place: results may be taken in any
+ * order, each once (a second take is -EPROTO).  An op that failed returns its errno with the agent's message
  * (sbx_proto_error_from_json, prefixed by `context`); a malformed answer
  * -EPROTO.  *out is set only on success.
  */

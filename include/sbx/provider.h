@@ -369,6 +369,9 @@ struct sbx_setattr_item {
 	const struct stat *in;  /* as setattr()'s; borrowed */
 	int valid;              /* SBX_SET_* */
 	int rc;                 /* out: 0 or -errno */
+	/* out: the attributes after it, when rc is 0 and the sandbox said
+	 * (st_ino 0 when it did not); setattr_many callers zero it first. */
+	struct stat out;
 };
 
 /* What write_then() does after its write (struct sbx_sandbox_ops). */
@@ -413,8 +416,8 @@ struct sbx_sandbox_ops {
 
 	/*
 	 * Optional: setattr() of many nodes in few exchanges (the caching
-	 * layer sends its deferred touches so), in order, without their new
-	 * attributes.  Returns 0 when every item was attempted, each item's
+	 * layer sends its deferred touches so), in order, each item's new
+	 * attributes in its `out` where the sandbox reports them.  Returns 0 when every item was attempted, each item's
 	 * rc saying how it went (error detail of a failed item is not kept);
 	 * -errno when an exchange failed as a whole: then the items from the
 	 * first one it carried on have that rc and may or may not be done

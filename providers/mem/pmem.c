@@ -123,7 +123,7 @@ static int m_setattr_many(struct sbx_sandbox *sb,
 	for (size_t i = 0; i < n; i++)
 		items[i].rc = pmem_setattr_locked(s, PNODE(items[i].node)->path,
 						  items[i].in, items[i].valid,
-						  NULL);
+						  &items[i].out);
 	pthread_mutex_unlock(&s->lock);
 	sbx_error_clear();
 	return 0;

@@ -178,11 +178,10 @@ static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		cJSON_Delete(ans);
 		return premote_fs_errno(rc);
 	}
-	/* Results are detached from the end: each take shrinks the array. */
-	for (size_t i = n; i-- > 1;) {
+	for (size_t i = 1; i < n; i++) {
 		struct stat st;
 
-		if (sbx_batch_result_take(ans, i + 1, i, ctx, &r) == 0 &&
+		if (sbx_batch_result_take(ans, n, i, ctx, &r) == 0 &&
 		    premote_get_st(s, r, "st", &st) == 0) {
 			*dst[i] = st;
 			*flag[i] = true;
@@ -191,7 +190,7 @@ static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		cJSON_Delete(r);
 		r = NULL;
 	}
-	rc = sbx_batch_result_take(ans, 1, 0, ctx, &r);
+	rc = sbx_batch_result_take(ans, n, 0, ctx, &r);
 	if (rc < 0) {
 		/* The op failed: the stats say nothing the caller may use. */
 		side->has_dir = side->has_newdir = side->has_obj = false;
@@ -371,6 +370,11 @@ static int setattr_chunk(struct premote_sandbox *s,
 			r = NULL;
 			items[i].rc = premote_fs_errno(
 				sbx_batch_result_take(ans, n, i, ctx, &r));
+			/* The attributes after it, when the agent said. */
+			if (items[i].rc == 0 &&
+			    cJSON_GetObjectItemCaseSensitive(r, "st") &&
+			    premote_get_st(s, r, "st", &items[i].out) < 0)
+				memset(&items[i].out, 0, sizeof(items[i].out));
 			cJSON_Delete(r);
 		} else {
 			items[i].rc = premote_fs_errno(rc);
@@ -814,12 +818,6 @@ static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
  */
 #define WRITE_THEN_MAX ((size_t)512 << 10)
 
-/* The result `i` of a batch of `n` (taken from the end, see batch_side). */
-static int take_result(cJSON *ans, size_t i, const char *ctx, cJSON **r)
-{
-	return sbx_batch_result_take(ans, i + 1, i, ctx, r);
-}
-
 /*
  * One batch {write, fsync or setattr, stat}, stopping at the first error:
  * the stat gives the file's attributes after both (batch writes answer no
@@ -863,10 +861,10 @@ static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 			       false, &ans);
 	cJSON_Delete(req);
 	if (rc == 0) {
-		/* Taken from the end; the first error is the one that counts
-		 * (the ops after it answer ECANCELED). */
-		for (size_t i = 3; i-- > 0;)
-			rcs[i] = take_result(ans, i, ctx, &r[i]);
+		/* The first error is the one that counts (the ops after it
+		 * answer ECANCELED). */
+		for (size_t i = 0; i < 3; i++)
+			rcs[i] = sbx_batch_result_take(ans, 3, i, ctx, &r[i]);
 		rc = rcs[0];
 		if (rc == 0) {
 			w = cJSON_GetObjectItemCaseSensitive(r[0], "written");

@@ -629,6 +629,17 @@ def test_touch_of_many_files_costs_few_requests(provider, sbx_env, repo,
             # 300 before.
             assert len(sent) <= 40, summary
             assert len(reqs) <= len(sent) + 10, summary
+            # Delivered, and known to be: no warning, and the files'
+            # attributes (their events are our own touches' echo) are
+            # answered without a request.
+            log = sbx_env.log_file("t3").read_text(errors="replace")
+            assert "was not delivered" not in log, log[-3000:]
+            mark = rl.mark()
+            for n in names:
+                st = os.stat(m / n)
+                assert st.st_mtime > start, n
+            stats = [q for q in rl.since(mark) if not q.get("stream")]
+            assert not stats, "\n".join(q["path"] for q in stats)
         finally:
             sbx_env.sbx("down", "t3", "--force", timeout=60)
     finally:

@@ -380,6 +380,66 @@ static void test_vanished_file_logged(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/*
+ * The attribute event our own touch causes changes nothing: after the
+ * batch and its event, the file's attributes are the sandbox's (its
+ * clock's times) and answering them costs no call.  A foreign change of
+ * the same file after the grace is seen as before.
+ */
+static void test_touch_echo_costs_nothing(void **state)
+{
+	struct tc_env *e = *state;
+	struct stat st, out, st2, mst;
+	struct sbx_node *n = old_file(e, "f", &st);
+	struct timespec pause = { 2, 200000000L }; /* > TOUCH_ECHO_GRACE */
+
+	assert_int_equal(touch(e, n, &out), 0);
+	assert_true(ts_after(out.st_mtim, st.st_mtim));
+	assert_int_equal(e->ops->syncfs(e->cache), 0);
+	/* The echo arrives and is applied (watch_sync: every event so far). */
+	assert_true(pmem_watch_pending(e->mem) > 0 ||
+		    pmem_calls(e->mem, "setattr_many") == 1);
+	tc_settle(e);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st2), 0);
+	e->ops->forget(e->cache, look(e, "f", &st2));
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 0);
+	assert_int_equal(pmem_calls(e->mem, "lookup"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "f", &mst), 0);
+	assert_int_equal(st2.st_mtim.tv_sec, mst.st_mtim.tv_sec);
+	assert_int_equal(st2.st_mtim.tv_nsec, mst.st_mtim.tv_nsec);
+	assert_int_equal(st2.st_ctim.tv_nsec, mst.st_ctim.tv_nsec);
+
+	/* After the grace, an attribute change behind the mount is seen. */
+	nanosleep(&pause, NULL);
+	assert_int_equal(pmem_ext_chmod(e->mem, "f", 0600), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st2), 0);
+	assert_int_equal(st2.st_mode & 07777, 0600);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 1);
+	e->ops->forget(e->cache, n);
+}
+
+/* A directory's touch: its echo changes nothing either. */
+static void test_directory_touch_echo_costs_nothing(void **state)
+{
+	struct tc_env *e = *state;
+	struct stat st, out, st2, mst;
+	struct sbx_node *d;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/x", "x", 1), 0);
+	tc_settle(e);
+	d = look(e, "d", &st);
+	assert_int_equal(touch(e, d, &out), 0);
+	assert_int_equal(e->ops->syncfs(e->cache), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->getattr(e->cache, d, NULL, &st2), 0);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "d", &mst), 0);
+	assert_int_equal(st2.st_mtim.tv_nsec, mst.st_mtim.tv_nsec);
+	e->ops->forget(e->cache, d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -402,6 +462,11 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_vanished_file_logged,
 						tc_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_touch_echo_costs_nothing,
+						tc_setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_directory_touch_echo_costs_nothing, tc_setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

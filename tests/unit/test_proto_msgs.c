@@ -344,6 +344,22 @@ static void test_batch_result(void **state)
 	assert_int_equal(sbx_batch_result_take(ans, 1, 0, "x", &r), -EPROTO);
 	sbx_error_clear();
 	cJSON_Delete(ans);
+	/* In any order, each once: a take leaves the others' indices. */
+	ans = parse("{\"results\":[{\"ok\":true,\"n\":0},"
+		    "{\"ok\":true,\"n\":1},{\"ok\":true,\"n\":2}]}");
+	for (int i = 0; i < 3; i++) {
+		int k = (i + 1) % 3;
+
+		assert_int_equal(sbx_batch_result_take(ans, 3, (size_t)k, "x",
+						       &r),
+				 0);
+		assert_int_equal(cJSON_GetObjectItem(r, "n")->valueint, k);
+		cJSON_Delete(r);
+	}
+	assert_int_equal(sbx_batch_result_take(ans, 3, 1, "x", &r), -EPROTO);
+	assert_null(r);
+	sbx_error_clear();
+	cJSON_Delete(ans);
 }
 
 /* ---- bulk -------------------------------------------------------------------- */
