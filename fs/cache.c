@@ -376,6 +376,9 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	(void)fh;
 	if (touch_deferred(c, n, valid, out))
 		return 0;
+	/* A file being written: held, sent with its bytes. */
+	if (wb_defer_setattr(c, n, in, valid, out))
+		return 0;
 	/* tar's fchown/fchmod/futimens before close: the buffered bytes and
 	 * the setattr in one exchange when they fit. */
 	rc = wb_push_node_then(c, n, &then, out, &pushed);

@@ -234,6 +234,13 @@ struct cfile {
 	off_t img_size;
 	struct stat img_st;
 	unsigned long img_chg;
+	/*
+	 * A setattr held with the unpushed writes (wb_defer_setattr): its
+	 * SBX_SET_* (0: none) and values, sent after them by the next push.
+	 * wlock and c->lock to change, either to read.
+	 */
+	int pset_valid;
+	struct stat pset_in;
 	double dirty_since;         /* c->lock: when buf became non-empty */
 	bool on_dirty;              /* c->lock: on c->dirty */
 	struct cfile *dnext, *dprev;
@@ -556,11 +563,23 @@ int wb_push(struct cache *c, struct cfile *f);
  * done (nothing buffered, another open file of the node holds bytes too,
  * no such op, O_APPEND, too large): push and do `then` separately;
  * -errno: failed.  *pushed says whether the bytes were written (then
- * only `then` failed); if not they stay buffered.  No lock held.
+ * only `then` failed); if not they stay buffered.  0 as well while f
+ * holds a setattr (wb_defer_setattr): the push sends it.  No lock held.
  */
 int wb_push_then(struct cache *c, struct cfile *f,
 		 const struct sbx_write_then *then, struct stat *st,
 		 bool *pushed);
+/*
+ * A setattr of n that changes no size (mode, owner, times) while one open
+ * file holds n's only unpushed bytes and its local image: held with them
+ * and sent after them by their push, in the same exchange when it fits
+ * (tar's futimens, fchown and fchmod before close cost no request of
+ * their own).  Its errors are the push's: close() or fsync() reports
+ * them, as for the bytes.  True when held (*out: the attributes after
+ * it); false: do it now.  No lock held.
+ */
+bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
+		      int valid, struct stat *out);
 /* wb_push_then() of the one open file of n that holds buffered bytes. */
 int wb_push_node_then(struct cache *c, struct cnode *n,
 		      const struct sbx_write_then *then, struct stat *st,

@@ -378,9 +378,11 @@ static size_t push_extent(struct cache *c, struct cache_io *io,
 	return done;
 }
 
+static int push_pset_locked(struct cache *c, struct cfile *f);
+
 /*
- * Push f's extents, in offset order, one write request each.  Caller holds
- * f->wlock.
+ * Push f's extents, in offset order, one write request each, and then
+ * the setattr held with them.  Caller holds f->wlock.
  */
 static int push_locked(struct cache *c, struct cfile *f)
 {
@@ -391,6 +393,8 @@ static int push_locked(struct cache *c, struct cfile *f)
 	bool ok;
 	int rc;
 
+	if (f->pset_valid)
+		return push_pset_locked(c, f);
 	cache_lock(c);
 	next = ext_take(c, f, &ext);
 	cache_unlock(c);
@@ -422,9 +426,10 @@ static int push_locked(struct cache *c, struct cfile *f)
 	return rc;
 }
 
-int wb_push_then(struct cache *c, struct cfile *f,
-		 const struct sbx_write_then *then, struct stat *st,
-		 bool *pushed)
+/* wb_push_then() with f->wlock held. */
+static int then_locked(struct cache *c, struct cfile *f,
+		       const struct sbx_write_then *then, struct stat *st,
+		       bool *pushed)
 {
 	struct cnode *n = f->node;
 	struct side_call sc;
@@ -438,7 +443,6 @@ int wb_push_then(struct cache *c, struct cfile *f,
 	*pushed = false;
 	if (!c->inner->ops->write_then || (f->flags & O_APPEND))
 		return 0;
-	pthread_mutex_lock(&f->wlock);
 	cache_lock(c);
 	/* Only when f holds the node's only unpushed bytes, in one extent
 	 * (gaps filled from the image first). */
@@ -449,10 +453,8 @@ int wb_push_then(struct cache *c, struct cfile *f,
 			next = ext_take(c, f, &ext);
 	}
 	cache_unlock(c);
-	if (!next) {
-		pthread_mutex_unlock(&f->wlock);
+	if (!next)
 		return 0;
-	}
 	rc = wb_io_begin(c, f, &io);
 	side_begin(c, &sc, NULL, NULL);
 	if (rc == 0)
@@ -473,7 +475,6 @@ int wb_push_then(struct cache *c, struct cfile *f,
 		ext_keep(f, ext, next, 0, 0);
 	}
 	cache_unlock(c);
-	pthread_mutex_unlock(&f->wlock);
 	*pushed = landed;
 	if (rc == -E2BIG && !landed) {
 		sbx_error_clear();
@@ -482,6 +483,151 @@ int wb_push_then(struct cache *c, struct cfile *f,
 	if (rc == 0 && st)
 		*st = got;
 	return rc < 0 ? rc : 1;
+}
+
+/*
+ * Push f's extents and the setattr held with them (wlock held): in one
+ * write_then exchange when they fit, else the extents and then the
+ * setattr.  A setattr not attempted (the bytes' push failed first) stays
+ * held; one that failed is dropped and its error returned.
+ */
+static int push_pset_locked(struct cache *c, struct cfile *f)
+{
+	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR };
+	struct cache_io io;
+	struct stat in, st;
+	bool pushed;
+	int valid, rc;
+
+	cache_lock(c);
+	in = f->pset_in;
+	valid = f->pset_valid;
+	f->pset_valid = 0;
+	cache_unlock(c);
+	then.in = &in;
+	then.valid = valid;
+	rc = then_locked(c, f, &then, NULL, &pushed);
+	if (rc > 0 || (rc < 0 && pushed))
+		return rc > 0 ? 0 : rc;
+	if (rc == 0)
+		rc = push_locked(c, f);
+	if (rc == 0)
+		rc = wb_io_begin(c, f, &io);
+	if (rc < 0) {
+		/* Not attempted: held for the next push, with the bytes. */
+		cache_lock(c);
+		f->pset_in = in;
+		f->pset_valid = valid;
+		cache_unlock(c);
+		return rc;
+	}
+	rc = c->inner->ops->setattr(c->inner, io.node, io.fh, &in, valid, &st);
+	wb_io_end(c, &io);
+	cache_lock(c);
+	change_own_done(c);
+	tree_invalidate_file(f->node);
+	cache_unlock(c);
+	return rc;
+}
+
+/* Hold a setattr with f's unpushed bytes (see cache_i.h; locks held). */
+static void pset_merge(struct cfile *f, const struct stat *in, int valid)
+{
+	const int atime = SBX_SET_ATIME | SBX_SET_ATIME_NOW;
+	const int mtime = SBX_SET_MTIME | SBX_SET_MTIME_NOW;
+	struct timespec now;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (valid & SBX_SET_MODE) {
+		f->pset_in.st_mode = in->st_mode;
+		f->img_st.st_mode = (f->img_st.st_mode & S_IFMT) |
+				    (in->st_mode & 07777);
+	}
+	if (valid & SBX_SET_UID)
+		f->pset_in.st_uid = f->img_st.st_uid = in->st_uid;
+	if (valid & SBX_SET_GID)
+		f->pset_in.st_gid = f->img_st.st_gid = in->st_gid;
+	if (valid & SBX_SET_ATIME) {
+		f->pset_valid &= ~atime;
+		f->pset_in.st_atim = in->st_atim;
+		f->img_st.st_atim = (valid & SBX_SET_ATIME_NOW) ? now
+							       : in->st_atim;
+	}
+	if (valid & SBX_SET_MTIME) {
+		f->pset_valid &= ~mtime;
+		f->pset_in.st_mtim = in->st_mtim;
+		f->img_st.st_mtim = (valid & SBX_SET_MTIME_NOW) ? now
+							       : in->st_mtim;
+	}
+	/* ctime follows any change; the sandbox sets its own. */
+	f->pset_valid |= valid & ~SBX_SET_CTIME;
+	f->img_st.st_ctim = now;
+}
+
+/* The attributes of n as f's image says (c->lock held, img_of(n) == f). */
+static void img_stat(struct cnode *n, const struct cfile *f, struct stat *st)
+{
+	*st = f->img_st;
+	st->st_size = f->img_size;
+	/* Not allocated yet; the sandbox will say once pushed. */
+	if ((off_t)st->st_blocks * 512 < f->img_size)
+		st->st_blocks = (f->img_size + 511) / 512;
+	st->st_nlink = tree_visible_nlink(n, st->st_nlink);
+}
+
+bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
+		      int valid, struct stat *out)
+{
+	const int held = SBX_SET_MODE | SBX_SET_UID | SBX_SET_GID |
+			 SBX_SET_ATIME | SBX_SET_MTIME | SBX_SET_ATIME_NOW |
+			 SBX_SET_MTIME_NOW | SBX_SET_CTIME;
+	struct cfile *f;
+	bool done = false;
+
+	if ((valid & ~held) || !(valid & held & ~SBX_SET_CTIME) ||
+	    !c->inner->ops->write_then)
+		return false;
+	cache_lock(c);
+	f = img_of(c, n);
+	if (f)
+		wb_file_get(f);
+	cache_unlock(c);
+	if (!f)
+		return false;
+	pthread_mutex_lock(&f->wlock);
+	cache_lock(c);
+	/*
+	 * Still the holder of n's only unpushed bytes and their image.  A
+	 * chown is held only when it changes nothing (tar's, as the owner):
+	 * one that gives the file away can fail on its own in the sandbox
+	 * (an agent that is not root), and chown(2)'s caller must hear it.
+	 */
+	if (img_of(c, n) == f && !(f->flags & O_APPEND) &&
+	    (!(valid & SBX_SET_UID) || in->st_uid == f->img_st.st_uid) &&
+	    (!(valid & SBX_SET_GID) || in->st_gid == f->img_st.st_gid)) {
+		pset_merge(f, in, valid);
+		img_stat(n, f, out);
+		done = true;
+	}
+	cache_unlock(c);
+	pthread_mutex_unlock(&f->wlock);
+	wb_file_put(c, f);
+	return done;
+}
+
+int wb_push_then(struct cache *c, struct cfile *f,
+		 const struct sbx_write_then *then, struct stat *st,
+		 bool *pushed)
+{
+	int rc = 0;
+
+	*pushed = false;
+	pthread_mutex_lock(&f->wlock);
+	/* A held setattr goes first, with the bytes: the caller pushes. */
+	if (!f->pset_valid)
+		rc = then_locked(c, f, then, st, pushed);
+	pthread_mutex_unlock(&f->wlock);
+	return rc;
 }
 
 int wb_push_node_then(struct cache *c, struct cnode *n,
@@ -648,14 +794,8 @@ bool wb_local_getattr(struct cache *c, struct cnode *n, struct stat *st)
 
 	cache_lock(c);
 	f = img_of(c, n);
-	if (f) {
-		*st = f->img_st;
-		st->st_size = f->img_size;
-		/* Not allocated yet; the sandbox will say once pushed. */
-		if ((off_t)st->st_blocks * 512 < f->img_size)
-			st->st_blocks = (f->img_size + 511) / 512;
-		st->st_nlink = tree_visible_nlink(n, st->st_nlink);
-	}
+	if (f)
+		img_stat(n, f, st);
 	cache_unlock(c);
 	return f != NULL;
 }
@@ -739,6 +879,17 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 			return rc;
 	}
 	pthread_mutex_lock(&f->wlock);
+	/*
+	 * A held setattr of times goes before this write, which sets the
+	 * mtime to now (sent after it, it would undo the write's).
+	 */
+	if (f->pset_valid & (SBX_SET_ATIME | SBX_SET_MTIME)) {
+		rc = push_locked(c, f);
+		if (rc < 0) {
+			ret = rc;
+			goto out;
+		}
+	}
 	/* Appends must land at the real end: do not reorder them. */
 	if (f->flags & O_APPEND) {
 		struct cache_io io;
@@ -796,12 +947,17 @@ int wb_release(struct cache *c, struct cfile *f)
 		 */
 		pthread_mutex_lock(&f->wlock);
 		cache_lock(c);
-		if (f->buf_len) {
+		if (f->buf_len || f->pset_valid) {
 			char *p = tree_path_of(f->node);
 
-			sbx_warn("dropping %zu unwritten bytes of '%s' at its "
-				 "last close: %s",
-				 f->buf_len, p ? p : "?", why);
+			sbx_warn("dropping %zu unwritten bytes%s of '%s' at "
+				 "its last close: %s",
+				 f->buf_len,
+				 f->pset_valid ? " and a mode, owner or times "
+						 "change"
+					       : "",
+				 p ? p : "?", why);
+			f->pset_valid = 0;
 			free(p);
 			ext_free_all(f);
 			img_forget(f);

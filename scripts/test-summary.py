@@ -25,14 +25,38 @@ TAP_RE = re.compile(r"^(not ok|ok)\b(.*)$", re.M)
 NO_FUSE_TAG = "SBX-NO-FUSE"
 
 
+EXCERPT_LINES = 40
+
+
+def excerpt(elem):
+    """The first lines of a JUnit failure, indented under its FAILED line:
+    CI shows only the tail of the output, where the summary is, so the
+    reason (a finding, a seed, an assertion) must be there too."""
+    text = (elem.get("message") or "").strip()
+    body = (elem.text or "").strip()
+    if body and body not in text:
+        text = (text + "\n" + body).strip() if text else body
+    lines = [l for l in text.splitlines() if l.strip()]
+    if not lines:
+        return ""
+    more = len(lines) - EXCERPT_LINES
+    lines = lines[:EXCERPT_LINES]
+    if more > 0:
+        lines.append(f"... ({more} more lines in the JUnit XML)")
+    return "".join("\n        | " + l[:200] for l in lines)
+
+
 def junit_counts(path):
     c = {"passed": 0, "failed": 0, "skipped": 0, "nofuse": 0, "failures": []}
     root = ET.parse(path).getroot()
     for tc in root.iter("testcase"):
         name = f"{tc.get('classname')}::{tc.get('name')}"
-        if tc.find("failure") is not None or tc.find("error") is not None:
+        bad = tc.find("failure")
+        if bad is None:
+            bad = tc.find("error")
+        if bad is not None:
             c["failed"] += 1
-            c["failures"].append(name)
+            c["failures"].append(name + excerpt(bad))
         elif tc.find("skipped") is not None:
             c["skipped"] += 1
             sk = tc.find("skipped")

@@ -512,33 +512,99 @@ static void test_fsync_failure_keeps_bytes(void **state)
 }
 
 /*
- * tar's fchmod/fchown/futimens before close: a setattr of a file with
- * buffered bytes sends them and the setattr together (one inner call),
- * and the close then has nothing left to push.
+ * tar's futimens, fchown and fchmod before close: setattrs of a file with
+ * buffered bytes are held with them (no inner call), answered from the
+ * local image, and the close sends the bytes and the merged setattr in
+ * one inner call.
  */
-static void test_setattr_carries_the_bytes(void **state)
+static void test_setattr_held_with_the_bytes(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out, real;
+	struct stat in, out, real;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &real), 0);
 	pmem_calls_reset(e->mem);
+	memset(&in, 0, sizeof(in));
+	in.st_mtim.tv_sec = 1000000000;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MTIME,
+					 &out),
+			 0);
+	assert_int_equal(out.st_mtim.tv_sec, 1000000000);
+	/* tar's fchown to the owner it already has. */
+	in.st_uid = real.st_uid;
+	in.st_gid = real.st_gid;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in,
+					 SBX_SET_UID | SBX_SET_GID, &out),
+			 0);
+	in.st_mode = 0600;
 	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
 					 &out),
 			 0);
+	assert_int_equal(out.st_size, 5);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	assert_int_equal(out.st_uid, in.st_uid);
+	assert_int_equal(out.st_mtim.tv_sec, 1000000000);
+	/* Held: nothing sent, and getattr says the same without asking. */
+	assert_int_equal(pmem_calls(e->mem, "write_then") +
+				 pmem_calls(e->mem, "setattr") +
+				 pmem_calls(e->mem, "write"),
+			 0);
+	holds_len(e, 0);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &out), 0);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	assert_int_equal(fetches(e), 0);
+	/* The close: one exchange, the bytes then every change. */
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
 	assert_int_equal(pmem_calls(e->mem, "write_then"), 1);
 	assert_int_equal(pmem_calls(e->mem, "write"), 0);
 	assert_int_equal(pmem_calls(e->mem, "setattr"), 0);
 	holds_len(e, 5);
-	assert_int_equal(out.st_size, 5);
-	assert_int_equal(out.st_mode & 07777, 0600);
 	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
 	assert_int_equal(real.st_mode & 07777, 0600);
-	assert_int_equal(e->ops->flush(e->cache, fh), 0);
-	assert_int_equal(pmem_calls(e->mem, "write"), 0);
+	assert_int_equal(real.st_uid, in.st_uid);
+	assert_int_equal(real.st_gid, in.st_gid);
+	assert_int_equal(real.st_mtim.tv_sec, 1000000000);
+	close_settle(e, n, fh);
+}
+
+/*
+ * A chown that gives the file away is not held: it can fail on its own in
+ * the sandbox, and chown(2) must say so.  A held mtime goes first.
+ */
+static void test_chown_away_is_not_held(void **state)
+{
+	struct env *e = *state;
+	struct stat in, out, real;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &real), 0);
+	pmem_calls_reset(e->mem);
+	memset(&in, 0, sizeof(in));
+	in.st_mtim.tv_sec = 1000000000;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MTIME,
+					 &out),
+			 0);
+	in.st_uid = real.st_uid + 1;
+	in.st_gid = real.st_gid;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in,
+					 SBX_SET_UID | SBX_SET_GID, &out),
+			 0);
+	/* Sent before chown() returned: the bytes, the held mtime, the chown. */
+	assert_int_not_equal(pmem_calls(e->mem, "write_then") +
+				     pmem_calls(e->mem, "setattr"),
+			     0);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_int_equal(real.st_uid, in.st_uid);
+	assert_int_equal(real.st_size, 5);
+	assert_int_equal(real.st_mtim.tv_sec, 1000000000);
+	assert_int_equal(out.st_uid, in.st_uid);
 	close_settle(e, n, fh);
 }
 
@@ -565,23 +631,75 @@ static void test_setattr_failure_after_the_bytes(void **state)
 	close_settle(e, n, fh);
 }
 
-/* A failed exchange keeps the bytes for the close, as a push does. */
-static void test_setattr_push_failure_keeps_bytes(void **state)
+/* A write after held times: the write's mtime (now) wins, as on a disk. */
+static void test_write_after_held_times(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out;
+	struct stat in, out, real;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(pmem_fail(e->mem, "write_then", -EIO, 1), 0);
+	memset(&in, 0, sizeof(in));
+	in.st_mtim.tv_sec = 1000000000;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MTIME,
+					 &out),
+			 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "!", 1, 5), 1);
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	holds_len(e, 6);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_true(real.st_mtim.tv_sec > 1000000000);
+	close_settle(e, n, fh);
+}
+
+/* A truncate after a held chmod: the chmod is sent first, then it. */
+static void test_truncate_after_held_mode(void **state)
+{
+	struct env *e = *state;
+	struct stat in, out, real;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	memset(&in, 0, sizeof(in));
+	in.st_mode = 0640;
 	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
 					 &out),
-			 -EIO);
+			 0);
+	in.st_size = 2;
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_SIZE,
+					 &out),
+			 0);
+	assert_int_equal(out.st_size, 2);
+	holds_len(e, 2);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0640);
+	close_settle(e, n, fh);
+}
+
+/* A failed exchange keeps the bytes and the held setattr for the next. */
+static void test_held_setattr_push_failure_keeps_both(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out, real;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_equal(pmem_fail(e->mem, "write_then", -EIO, 1), 0);
+	assert_int_equal(e->ops->flush(e->cache, fh), -EIO);
 	holds_len(e, 0);
 	assert_int_equal(e->ops->flush(e->cache, fh), 0);
 	holds_len(e, 5);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0600);
 	close_settle(e, n, fh);
 }
 
@@ -665,12 +783,19 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_fsync_failure_keeps_bytes,
 						setup, teardown),
-		cmocka_unit_test_setup_teardown(test_setattr_carries_the_bytes,
+		cmocka_unit_test_setup_teardown(test_setattr_held_with_the_bytes,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_setattr_failure_after_the_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chown_away_is_not_held,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_setattr_push_failure_keeps_bytes, setup, teardown),
+			test_held_setattr_push_failure_keeps_both, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_write_after_held_times,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_truncate_after_held_mode,
+						setup, teardown),
+
 		cmocka_unit_test_setup_teardown(test_overlapping_calls_refetch,
 						setup, teardown),
 	};
