@@ -707,7 +707,7 @@ static int c_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 	cache_unlock(c);
 	/* Nothing to flush in the wrapped file: the cache opens it per I/O
 	 * and has just pushed what it buffered. */
-	return rc;
+	return rc < 0 ? rc : wb_held_error(c, f);
 }
 
 static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
@@ -722,7 +722,7 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	int rc = wb_push_then(c, f, &then, NULL, &pushed);
 
 	if (rc != 0)
-		return rc < 0 ? rc : 0;
+		return rc < 0 ? rc : wb_held_error(c, f);
 	/* msync write-back may have come through another open file. */
 	rc = wb_push_node(c, f->node);
 	if (rc == 0)
@@ -731,7 +731,7 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 		rc = c->inner->ops->fsync(c->inner, io.fh, datasync);
 		wb_io_end(c, &io);
 	}
-	return rc;
+	return rc < 0 ? rc : wb_held_error(c, f);
 }
 
 static int c_release(struct sbx_sandbox *sb, struct sbx_file *fh)

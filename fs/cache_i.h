@@ -241,6 +241,9 @@ struct cfile {
 	 */
 	int pset_valid;
 	struct stat pset_in;
+	/* Why a held setattr failed (code 0: it did not) until the owner's
+	 * flush or fsync reports it.  c->lock. */
+	struct sbx_error pset_err;
 	double dirty_since;         /* c->lock: when buf became non-empty */
 	bool on_dirty;              /* c->lock: on c->dirty */
 	struct cfile *dnext, *dprev;
@@ -575,11 +578,19 @@ int wb_push_then(struct cache *c, struct cfile *f,
  * and sent after them by their push, in the same exchange when it fits
  * (tar's futimens, fchown and fchmod before close cost no request of
  * their own).  Its errors are the push's: close() or fsync() reports
- * them, as for the bytes.  True when held (*out: the attributes after
+ * them, as for the bytes, whoever pushed them (wb_held_error).  A
+ * chown that changes nothing is answered and not sent.  True when held (*out: the attributes after
  * it); false: do it now.  No lock held.
  */
 bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 		      int valid, struct stat *out);
+/*
+ * The error of a setattr held with f's bytes that failed when they were
+ * pushed (by anyone: the flusher, a barrier, another process's stat), for
+ * f's owner: returned once, as -errno with the message set; 0 if none.
+ * No lock held.
+ */
+int wb_held_error(struct cache *c, struct cfile *f);
 /* wb_push_then() of the one open file of n that holds buffered bytes. */
 int wb_push_node_then(struct cache *c, struct cnode *n,
 		      const struct sbx_write_then *then, struct stat *st,

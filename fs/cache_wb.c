@@ -378,27 +378,58 @@ static size_t push_extent(struct cache *c, struct cache_io *io,
 	return done;
 }
 
-static int push_pset_locked(struct cache *c, struct cfile *f);
+static int then_pset_locked(struct cache *c, struct cfile *f);
 
 /*
- * Push f's extents, in offset order, one write request each, and then
- * the setattr held with them.  Caller holds f->wlock.
+ * The held setattr of f could not be done (c->lock held): dropped, and
+ * its error kept for f's owner, whose next flush or fsync reports it
+ * (wb_held_error).  Whoever pushed -- the flusher, a barrier, another
+ * process -- did not ask for it and is not told.
+ */
+static void pset_failed_locked(struct cfile *f, int rc)
+{
+	const struct sbx_error *e = sbx_error_last();
+
+	f->pset_valid = 0;
+	if (f->pset_err.code)
+		return; /* the first one is reported */
+	f->pset_err = *e;
+	f->pset_err.code = rc;
+	if (!*e->msg)
+		snprintf(f->pset_err.msg, sizeof(f->pset_err.msg), "%s",
+			 strerror(-rc));
+	sbx_error_clear();
+}
+
+/*
+ * Push f's extents, in offset order, one write request each, and then the
+ * setattr held with them (in one write_then exchange when they fit).  The
+ * setattr goes through the same open file before the file leaves c->dirty,
+ * so until the sandbox has both a stat answers from the local image.
+ * Caller holds f->wlock.  Errors are the bytes': see pset_failed_locked.
  */
 static int push_locked(struct cache *c, struct cfile *f)
 {
 	struct side_call sc;
 	struct cache_io io;
 	struct wb_ext *ext;
+	struct stat pin, pst;
 	size_t next, i = 0, done = 0, sent = 0;
+	int pvalid, prc = 0;
 	bool ok;
 	int rc;
 
-	if (f->pset_valid)
-		return push_pset_locked(c, f);
+	if (f->pset_valid) {
+		rc = then_pset_locked(c, f);
+		if (rc != 0)
+			return rc < 0 ? rc : 0;
+	}
 	cache_lock(c);
 	next = ext_take(c, f, &ext);
+	pvalid = f->pset_valid;
+	pin = f->pset_in;
 	cache_unlock(c);
-	if (!next)
+	if (!next && !pvalid)
 		return 0;
 	rc = wb_io_begin(c, f, &io);
 	side_begin(c, &sc, NULL, NULL);
@@ -409,17 +440,31 @@ static int push_locked(struct cache *c, struct cfile *f)
 			break;
 	}
 	side_end(c, &sc);
+	if (rc == 0 && pvalid)
+		prc = c->inner->ops->setattr(c->inner, io.node, io.fh, &pin,
+					     pvalid, &pst);
 	wb_io_end(c, &io);
 	cache_lock(c);
 	/* The last write's answer describes the file after all of them. */
 	ok = side_take_locked(c, &sc) && i == next && sc.side.has_file;
 	change_own_done(c);
-	if (sent)
+	if (rc == 0 && pvalid) {
+		/* Its answer describes the file after the bytes and it. */
+		if (prc < 0) {
+			pset_failed_locked(f, prc);
+		} else {
+			ok = true;
+			sc.side.file = pst;
+		}
+		f->pset_valid = 0;
+	}
+	if (sent || (rc == 0 && pvalid))
 		written(c, f->node, ok ? &sc.side.file : NULL);
 	if (i == next) {
 		ext_free(ext, next);
 		dirty_del(c, f);
 	} else {
+		/* Not delivered: the bytes and a held setattr stay. */
 		ext_keep(f, ext, next, i, done);
 	}
 	cache_unlock(c);
@@ -486,48 +531,32 @@ static int then_locked(struct cache *c, struct cfile *f,
 }
 
 /*
- * Push f's extents and the setattr held with them (wlock held): in one
- * write_then exchange when they fit, else the extents and then the
- * setattr.  A setattr not attempted (the bytes' push failed first) stays
- * held; one that failed is dropped and its error returned.
+ * f's bytes and the setattr held with them in one write_then exchange
+ * (wlock held).  1: both pushed (a failed setattr is kept for the owner);
+ * 0: they do not fit one exchange (push_locked sends them in turn);
+ * -errno: the bytes were not delivered, and both stay held.
  */
-static int push_pset_locked(struct cache *c, struct cfile *f)
+static int then_pset_locked(struct cache *c, struct cfile *f)
 {
 	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR };
-	struct cache_io io;
-	struct stat in, st;
+	struct stat in;
 	bool pushed;
-	int valid, rc;
+	int rc;
 
 	cache_lock(c);
 	in = f->pset_in;
-	valid = f->pset_valid;
-	f->pset_valid = 0;
+	then.valid = f->pset_valid;
 	cache_unlock(c);
 	then.in = &in;
-	then.valid = valid;
 	rc = then_locked(c, f, &then, NULL, &pushed);
-	if (rc > 0 || (rc < 0 && pushed))
-		return rc > 0 ? 0 : rc;
-	if (rc == 0)
-		rc = push_locked(c, f);
-	if (rc == 0)
-		rc = wb_io_begin(c, f, &io);
-	if (rc < 0) {
-		/* Not attempted: held for the next push, with the bytes. */
-		cache_lock(c);
-		f->pset_in = in;
-		f->pset_valid = valid;
-		cache_unlock(c);
+	if (rc == 0 || (rc < 0 && !pushed))
 		return rc;
-	}
-	rc = c->inner->ops->setattr(c->inner, io.node, io.fh, &in, valid, &st);
-	wb_io_end(c, &io);
 	cache_lock(c);
-	change_own_done(c);
-	tree_invalidate_file(f->node);
+	if (rc < 0)
+		pset_failed_locked(f, rc);
+	f->pset_valid = 0;
 	cache_unlock(c);
-	return rc;
+	return 1;
 }
 
 /* Hold a setattr with f's unpushed bytes (see cache_i.h; locks held). */
@@ -597,15 +626,23 @@ bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 	pthread_mutex_lock(&f->wlock);
 	cache_lock(c);
 	/*
-	 * Still the holder of n's only unpushed bytes and their image.  A
-	 * chown is held only when it changes nothing (tar's, as the owner):
+	 * Still the holder of n's only unpushed bytes and their image, of
+	 * the file's only name (another name's attributes would not show
+	 * it).  A chown is held only when it changes nothing (tar's, as the owner):
 	 * one that gives the file away can fail on its own in the sandbox
 	 * (an agent that is not root), and chown(2)'s caller must hear it.
 	 */
-	if (img_of(c, n) == f && !(f->flags & O_APPEND) &&
+	if (img_of(c, n) == f && !(f->flags & O_APPEND) && !n->in_ring &&
+	    f->img_st.st_nlink <= 1 &&
 	    (!(valid & SBX_SET_UID) || in->st_uid == f->img_st.st_uid) &&
 	    (!(valid & SBX_SET_GID) || in->st_gid == f->img_st.st_gid)) {
-		pset_merge(f, in, valid);
+		/*
+		 * That chown is not sent at all: merged with a chmod it would
+		 * follow it in the sandbox and clear the set-user-ID bit tar
+		 * has just set.  (The kernel folds the bits a chown clears
+		 * into its mode change, which is held.)
+		 */
+		pset_merge(f, in, valid & ~(SBX_SET_UID | SBX_SET_GID));
 		img_stat(n, f, out);
 		done = true;
 	}
@@ -930,9 +967,36 @@ out:
 	return ret;
 }
 
+int wb_held_error(struct cache *c, struct cfile *f)
+{
+	struct sbx_error e;
+
+	cache_lock(c);
+	e = f->pset_err;
+	f->pset_err.code = 0;
+	cache_unlock(c);
+	if (!e.code)
+		return 0;
+	return sbx_error_setd(e.klass, e.code, e.detail,
+			      "a mode, owner or times change held with the "
+			      "written bytes failed in the sandbox: %s", e.msg);
+}
+
 int wb_release(struct cache *c, struct cfile *f)
 {
 	int rc = wb_push(c, f);
+
+	if (rc == 0 && wb_held_error(c, f) < 0) {
+		char *p;
+
+		cache_lock(c);
+		p = tree_path_of(f->node);
+		cache_unlock(c);
+		/* Its owner closed without a FLUSH that could say it. */
+		sbx_warn("'%s': %s", p ? p : "?", sbx_error_last()->msg);
+		sbx_error_clear();
+		free(p);
+	}
 
 	if (rc < 0) {
 		char why[512];

@@ -139,6 +139,8 @@ SBX_WUR int pmem_new(struct sbx_sandbox **out, const struct pmem_opts *opts);
  * call until cleared; count 0 (or neg_errno 0) clears.  Faults of forget
  * and watch_stop (void) are counted down but cannot show; a failed release
  * or releasedir still frees the handle.  -EINVAL for an unknown op name.
+ * "then" is write_then's second part (its fsync or setattr), failed after
+ * the bytes were written, as the agent can answer.
  */
 SBX_WUR int pmem_fail(struct sbx_sandbox *sb, const char *op, int neg_errno,
 		      int count);

@@ -210,6 +210,9 @@ static int write_then_fn(struct pmem *s, const char *path, void *arg)
 	if (rc < 0)
 		return rc;
 	*a->written = true;
+	rc = pmem_fault_locked(s, OP_THEN, path);
+	if (rc < 0)
+		return rc;
 	if (a->then->kind == SBX_THEN_SETATTR)
 		return pmem_setattr_locked(s, path, a->then->in,
 					   a->then->valid, a->st);

@@ -39,6 +39,7 @@ enum op {
 	OP_FSYNCDIR, OP_RELEASEDIR, OP_STATFS, OP_NODE_PATH, OP_WATCH_START,
 	OP_WATCH_SYNC, OP_WATCH_STOP, OP_BULK, OP_SYNCFS, OP_NODE_AT,
 	OP_WRITE_THEN, OP_SETATTR_MANY,
+	OP_THEN, /* write_then's second part, after its bytes landed */
 	OP_COUNT
 };
 
@@ -147,6 +148,12 @@ struct pmem {
  * 0 or the injected error.  Called without s->lock.
  */
 int pmem_enter(struct pmem *s, enum op op, const char *path);
+/*
+ * Count a call of op and fail it if a fault is armed (pmem_fail): the
+ * counter and fault part of pmem_enter, for a step inside an operation.
+ * s->lock held.
+ */
+int pmem_fault_locked(struct pmem *s, enum op op, const char *path);
 /* Call the hook (if any) with a name of no operation.  Without s->lock. */
 void pmem_hook_point(struct pmem *s, const char *name, const char *path);
 

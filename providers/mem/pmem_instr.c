@@ -29,7 +29,7 @@ static const char *const op_names[OP_COUNT] = {
 	"release", "fallocate", "lseek", "opendir", "readdir",
 	"fsyncdir", "releasedir", "statfs", "node_path", "watch_start",
 	"watch_sync", "watch_stop", "bulk", "syncfs", "node_at",
-	"write_then", "setattr_many",
+	"write_then", "setattr_many", "then",
 };
 
 static int op_index(const char *name)
@@ -87,8 +87,7 @@ int pmem_enter(struct pmem *s, enum op op, const char *path)
 {
 	pmem_hook_fn hook;
 	void *payload;
-	struct fault *f;
-	int rc = 0;
+	int rc;
 
 	pthread_mutex_lock(&s->lock);
 	gate_locked(s, op, path, false);
@@ -100,14 +99,22 @@ int pmem_enter(struct pmem *s, enum op op, const char *path)
 		hook(op_names[op], path, payload);
 
 	pthread_mutex_lock(&s->lock);
+	rc = pmem_fault_locked(s, op, path);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int pmem_fault_locked(struct pmem *s, enum op op, const char *path)
+{
+	struct fault *f = &s->faults[op];
+	int rc = 0;
+
 	s->calls[op]++;
-	f = &s->faults[op];
 	if (f->count != 0 && f->err) {
 		rc = f->err;
 		if (f->count > 0)
 			f->count--;
 	}
-	pthread_mutex_unlock(&s->lock);
 	if (rc)
 		return sbx_error_set(SBX_ERR_REMOTE, rc, "%s %s: injected",
 				     op_names[op], path);

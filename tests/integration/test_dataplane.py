@@ -657,7 +657,8 @@ def _tarball(tmp_path, n):
         p = src / f"f{i:03d}.h"
         data = f"/* file {i} */\n".encode() * (i % 7 + 1)
         p.write_bytes(data)
-        mode = (0o640, 0o755, 0o600, 0o444)[i % 4]
+        # tar sets a set-ID bit with its fchmod after its fchown.
+        mode = (0o640, 0o755, 0o600, 0o444, 0o4755, 0o2750)[i % 6]
         mtime = 1_500_000_000 + i * 1000
         os.chmod(p, mode)
         os.utime(p, (mtime, mtime))

@@ -703,6 +703,98 @@ static void test_held_setattr_push_failure_keeps_both(void **state)
 	close_settle(e, n, fh);
 }
 
+/*
+ * The held chmod fails in the sandbox after the bytes landed, in a push
+ * another descriptor's write made: that write succeeds (it did not ask
+ * for the chmod), the owner's next flush says it once, and the bytes are
+ * not sent again.
+ */
+static void test_held_setattr_error_goes_to_the_owner(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out, real;
+	struct sbx_open_result res;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_equal(e->ops->open(e->cache, n, O_WRONLY, &res), 0);
+	assert_int_equal(pmem_fail(e->mem, "then", -EPERM, 1), 0);
+	pmem_calls_reset(e->mem);
+	/* Pushes fh's bytes and its chmod first: the chmod fails. */
+	assert_int_equal(e->ops->write(e->cache, res.fh, "J", 1, 0), 1);
+	assert_int_equal(pmem_calls(e->mem, "then"), 1);
+	holds_len(e, 5);
+	assert_int_equal(e->ops->flush(e->cache, res.fh), 0);
+	assert_int_equal(e->ops->release(e->cache, res.fh), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->flush(e->cache, fh), -EPERM);
+	assert_non_null(strstr(sbx_error_last()->msg, "mode, owner or times"));
+	assert_int_equal(e->ops->flush(e->cache, fh), 0);
+	assert_int_equal(pmem_calls(e->mem, "write") +
+				 pmem_calls(e->mem, "write_then"),
+			 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/f", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0644);
+	assert_int_equal(real.st_size, 5);
+	/* And the cache does not answer with the mode that was not set. */
+	assert_int_equal(e->ops->getattr(e->cache, n, fh, &out), 0);
+	assert_int_equal(out.st_mode & 07777, 0644);
+	close_settle(e, n, fh);
+}
+
+/* Same through fsync: it reports the held chmod's failure. */
+static void test_held_setattr_error_at_fsync(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_equal(pmem_fail(e->mem, "then", -EPERM, 1), 0);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), -EPERM);
+	holds_len(e, 5);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	close_settle(e, n, fh);
+}
+
+/* A file with a second name: its chmod is not held (the other name's
+ * attributes would not show it). */
+static void test_setattr_of_a_linked_file_is_not_held(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out, real;
+	struct sbx_node *n, *l;
+	struct sbx_file *fh;
+
+	settle(e);
+	assert_int_equal(create_in(e, e->dir, "f", &n, &fh), 0);
+	assert_int_equal(e->ops->link(e->cache, n, e->dir, "g", &l, &out), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_not_equal(pmem_calls(e->mem, "write_then") +
+				     pmem_calls(e->mem, "setattr"),
+			     0);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/g", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0600);
+	assert_int_equal(e->ops->getattr(e->cache, l, NULL, &out), 0);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	e->ops->forget(e->cache, l);
+	close_settle(e, n, fh);
+}
+
 struct flusher {
 	struct env *e;
 	struct sbx_file *fh;
@@ -795,6 +887,14 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_truncate_after_held_mode,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_held_setattr_error_goes_to_the_owner, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_held_setattr_error_at_fsync,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_setattr_of_a_linked_file_is_not_held, setup,
+			teardown),
 
 		cmocka_unit_test_setup_teardown(test_overlapping_calls_refetch,
 						setup, teardown),
