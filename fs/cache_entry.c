@@ -207,6 +207,11 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 
 	if (rc < 0)
 		return rc;
+	/* Its bytes and a setattr held with them first: the new name's
+	 * attributes (the link's answer) must be the file's. */
+	rc = wb_push_node(c, from);
+	if (rc < 0)
+		return rc;
 	rc = cache_inner_node_of(c, from, &src);
 	if (rc < 0)
 		return rc;

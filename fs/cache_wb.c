@@ -386,19 +386,19 @@ static int then_pset_locked(struct cache *c, struct cfile *f);
  * (wb_held_error).  Whoever pushed -- the flusher, a barrier, another
  * process -- did not ask for it and is not told.
  */
-static void pset_failed_locked(struct cfile *f, int rc)
+static void pset_failed_locked(struct cfile *f, int rc,
+			       const struct sbx_error *why)
 {
-	const struct sbx_error *e = sbx_error_last();
-
 	f->pset_valid = 0;
 	if (f->pset_err.code)
 		return; /* the first one is reported */
-	f->pset_err = *e;
+	f->pset_err = *why;
 	f->pset_err.code = rc;
-	if (!*e->msg)
+	if (f->pset_err.klass == SBX_ERR_NONE)
+		f->pset_err.klass = SBX_ERR_REMOTE;
+	if (!*why->msg)
 		snprintf(f->pset_err.msg, sizeof(f->pset_err.msg), "%s",
 			 strerror(-rc));
-	sbx_error_clear();
 }
 
 /*
@@ -414,9 +414,10 @@ static int push_locked(struct cache *c, struct cfile *f)
 	struct cache_io io;
 	struct wb_ext *ext;
 	struct stat pin, pst;
+	struct sbx_error why;
 	size_t next, i = 0, done = 0, sent = 0;
 	int pvalid, prc = 0;
-	bool ok;
+	bool fresh, ok;
 	int rc;
 
 	if (f->pset_valid) {
@@ -439,31 +440,36 @@ static int push_locked(struct cache *c, struct cfile *f)
 		if (rc < 0)
 			break;
 	}
-	side_end(c, &sc);
-	if (rc == 0 && pvalid)
+	if (rc == 0 && pvalid) {
+		sbx_error_clear();
 		prc = c->inner->ops->setattr(c->inner, io.node, io.fh, &pin,
 					     pvalid, &pst);
+		why = *sbx_error_last();
+		sbx_error_clear();
+	}
+	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
 	/* The last write's answer describes the file after all of them. */
-	ok = side_take_locked(c, &sc) && i == next && sc.side.has_file;
+	fresh = side_take_locked(c, &sc);
+	ok = fresh && i == next && sc.side.has_file;
 	change_own_done(c);
 	if (rc == 0 && pvalid) {
 		/* Its answer describes the file after the bytes and it. */
-		if (prc < 0) {
-			pset_failed_locked(f, prc);
-		} else {
-			ok = true;
+		if (prc < 0)
+			pset_failed_locked(f, prc, &why);
+		else
 			sc.side.file = pst;
-		}
+		ok = fresh && prc == 0;
 		f->pset_valid = 0;
 	}
 	if (sent || (rc == 0 && pvalid))
 		written(c, f->node, ok ? &sc.side.file : NULL);
-	if (i == next) {
+	/* (A held setattr stays on the list until it is sent.) */
+	if (i == next && (rc == 0 || !pvalid)) {
 		ext_free(ext, next);
 		dirty_del(c, f);
-	} else {
+	} else if (i < next) {
 		/* Not delivered: the bytes and a held setattr stay. */
 		ext_keep(f, ext, next, i, done);
 	}
@@ -481,6 +487,7 @@ static int then_locked(struct cache *c, struct cfile *f,
 	struct cache_io io;
 	struct stat got;
 	struct wb_ext *ext = NULL;
+	struct sbx_error why;
 	size_t next = 0;
 	bool ok, landed = false;
 	int rc;
@@ -506,6 +513,8 @@ static int then_locked(struct cache *c, struct cfile *f,
 		rc = c->inner->ops->write_then(c->inner, io.fh, ext[0].data,
 					       ext[0].len, ext[0].off, then,
 					       &got, &landed);
+	/* What failed, before the release and the unlock's jobs run. */
+	why = *sbx_error_last();
 	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
@@ -525,9 +534,13 @@ static int then_locked(struct cache *c, struct cfile *f,
 		sbx_error_clear();
 		return 0;
 	}
-	if (rc == 0 && st)
+	if (rc < 0)
+		return sbx_error_setd(why.klass ? why.klass : SBX_ERR_REMOTE,
+				      rc, why.detail, "%s",
+				      *why.msg ? why.msg : strerror(-rc));
+	if (st)
 		*st = got;
-	return rc < 0 ? rc : 1;
+	return 1;
 }
 
 /*
@@ -552,8 +565,10 @@ static int then_pset_locked(struct cache *c, struct cfile *f)
 	if (rc == 0 || (rc < 0 && !pushed))
 		return rc;
 	cache_lock(c);
-	if (rc < 0)
-		pset_failed_locked(f, rc);
+	if (rc < 0) {
+		pset_failed_locked(f, rc, sbx_error_last());
+		sbx_error_clear();
+	}
 	f->pset_valid = 0;
 	cache_unlock(c);
 	return 1;
@@ -986,18 +1001,6 @@ int wb_release(struct cache *c, struct cfile *f)
 {
 	int rc = wb_push(c, f);
 
-	if (rc == 0 && wb_held_error(c, f) < 0) {
-		char *p;
-
-		cache_lock(c);
-		p = tree_path_of(f->node);
-		cache_unlock(c);
-		/* Its owner closed without a FLUSH that could say it. */
-		sbx_warn("'%s': %s", p ? p : "?", sbx_error_last()->msg);
-		sbx_error_clear();
-		free(p);
-	}
-
 	if (rc < 0) {
 		char why[512];
 
@@ -1030,6 +1033,17 @@ int wb_release(struct cache *c, struct cfile *f)
 		}
 		cache_unlock(c);
 		pthread_mutex_unlock(&f->wlock);
+	}
+	if (wb_held_error(c, f) < 0) {
+		char *p;
+
+		cache_lock(c);
+		p = tree_path_of(f->node);
+		cache_unlock(c);
+		/* No FLUSH of its owner was left to say it. */
+		sbx_warn("'%s': %s", p ? p : "?", sbx_error_last()->msg);
+		sbx_error_clear();
+		free(p);
 	}
 	silly_drop_open(c, f);
 	cache_lock(c);

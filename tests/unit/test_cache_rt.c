@@ -795,6 +795,30 @@ static void test_setattr_of_a_linked_file_is_not_held(void **state)
 	close_settle(e, n, fh);
 }
 
+/* A link of a file with a held chmod: the new name has the mode. */
+static void test_link_after_held_setattr(void **state)
+{
+	struct env *e = *state;
+	struct stat in = { .st_mode = 0600 }, out, real;
+	struct sbx_node *n, *l;
+	struct sbx_file *fh;
+
+	settle(e);
+	create_hello(e, &n, &fh);
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+	assert_int_equal(e->ops->link(e->cache, n, e->dir, "g", &l, &out), 0);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	assert_int_equal(out.st_size, 5);
+	assert_int_equal(e->ops->getattr(e->cache, l, NULL, &out), 0);
+	assert_int_equal(out.st_mode & 07777, 0600);
+	assert_int_equal(pmem_ext_stat(e->mem, "d/g", &real), 0);
+	assert_int_equal(real.st_mode & 07777, 0600);
+	e->ops->forget(e->cache, l);
+	close_settle(e, n, fh);
+}
+
 struct flusher {
 	struct env *e;
 	struct sbx_file *fh;
@@ -895,6 +919,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_setattr_of_a_linked_file_is_not_held, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_link_after_held_setattr,
+						setup, teardown),
 
 		cmocka_unit_test_setup_teardown(test_overlapping_calls_refetch,
 						setup, teardown),
