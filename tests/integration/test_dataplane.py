@@ -669,6 +669,17 @@ def _tarball(tmp_path, n):
     return tar, want
 
 
+def _untarred_as_wanted(want, *sides):
+    """Each side's src/ has every member's bytes, mode and mtime."""
+    for name, (data, mode, mtime) in want.items():
+        for side in sides:
+            p = side / "src" / name
+            st = os.stat(p)
+            assert p.read_bytes() == data, (side, name)
+            assert st.st_mode & 0o7777 == mode, (side, name)
+            assert int(st.st_mtime) == mtime, (side, name)
+
+
 @pytest.mark.providers("remote")
 @pytest.mark.remote_only("counts requests through a logging proxy")
 def test_untar_sends_each_file_in_two_requests(provider, sbx_env, repo,
@@ -694,13 +705,7 @@ def test_untar_sends_each_file_in_two_requests(provider, sbx_env, repo,
             assert r.returncode == 0, r.stderr
             reqs = [q for q in rl.since(mark) if not q.get("stream")]
             # Every close() returned: the sandbox has it all now.
-            for name, (data, mode, mtime) in want.items():
-                for side in (w, m):
-                    p = side / "src" / name
-                    st = os.stat(p)
-                    assert p.read_bytes() == data, (side, name)
-                    assert st.st_mode & 0o7777 == mode, (side, name)
-                    assert int(st.st_mtime) == mtime, (side, name)
+            _untarred_as_wanted(want, w, m)
             summary = "\n".join(f"{q['method']} {q['path']} {q.get('ops')}"
                                  for q in reqs)
             creates = [q for q in reqs if "create" in (q.get("ops") or [])]
@@ -728,13 +733,7 @@ def test_untar_keeps_modes_times_and_bytes(sandbox, tmp_path):
     r = subprocess.run(["tar", "-xf", str(tar), "-C", str(m)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    for name, (data, mode, mtime) in want.items():
-        for side in (m, w):
-            p = side / "src" / name
-            st = os.stat(p)
-            assert p.read_bytes() == data, (side, name)
-            assert st.st_mode & 0o7777 == mode, (side, name)
-            assert int(st.st_mtime) == mtime, (side, name)
+    _untarred_as_wanted(want, m, w)
     # futimens then write through the same descriptor: the write's mtime
     # wins, as on a local disk.
     p = m / "src" / "f000.h"
