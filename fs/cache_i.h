@@ -579,8 +579,8 @@ int wb_push_then(struct cache *c, struct cfile *f,
  * (tar's futimens, fchown and fchmod before close cost no request of
  * their own).  Its errors are the push's: close() or fsync() reports
  * them, as for the bytes, whoever pushed them (wb_held_error).  A
- * chown that changes nothing is answered and not sent.  True when held (*out: the attributes after
- * it); false: do it now.  No lock held.
+ * chown that changes nothing is answered and not sent.  True when held
+ * (*out: the attributes after it); false: do it now.  No lock held.
  */
 bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 		      int valid, struct stat *out);

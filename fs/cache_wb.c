@@ -643,9 +643,10 @@ bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 	/*
 	 * Still the holder of n's only unpushed bytes and their image, of
 	 * the file's only name (another name's attributes would not show
-	 * it).  A chown is held only when it changes nothing (tar's, as the owner):
-	 * one that gives the file away can fail on its own in the sandbox
-	 * (an agent that is not root), and chown(2)'s caller must hear it.
+	 * it).  A chown is held only when it changes nothing (tar's, as
+	 * the owner): one that gives the file away can fail on its own in
+	 * the sandbox (an agent that is not root), and chown(2)'s caller
+	 * must hear it.
 	 */
 	if (img_of(c, n) == f && !(f->flags & O_APPEND) && !n->in_ring &&
 	    f->img_st.st_nlink <= 1 &&

@@ -511,6 +511,17 @@ static void test_fsync_failure_keeps_bytes(void **state)
 	close_settle(e, n, fh);
 }
 
+/* fchmod(fh, mode) through the cache, held with fh's bytes. */
+static void chmod_held(struct env *e, struct sbx_node *n,
+		       struct sbx_file *fh, mode_t mode)
+{
+	struct stat in = { .st_mode = mode }, out;
+
+	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
+					 &out),
+			 0);
+}
+
 /*
  * tar's futimens, fchown and fchmod before close: setattrs of a file with
  * buffered bytes are held with them (no inner call), answered from the
@@ -684,15 +695,13 @@ static void test_truncate_after_held_mode(void **state)
 static void test_held_setattr_push_failure_keeps_both(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out, real;
+	struct stat real;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
-					 &out),
-			 0);
+	chmod_held(e, n, fh, 0600);
 	assert_int_equal(pmem_fail(e->mem, "write_then", -EIO, 1), 0);
 	assert_int_equal(e->ops->flush(e->cache, fh), -EIO);
 	holds_len(e, 0);
@@ -712,16 +721,14 @@ static void test_held_setattr_push_failure_keeps_both(void **state)
 static void test_held_setattr_error_goes_to_the_owner(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out, real;
+	struct stat out, real;
 	struct sbx_open_result res;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
-					 &out),
-			 0);
+	chmod_held(e, n, fh, 0600);
 	assert_int_equal(e->ops->open(e->cache, n, O_WRONLY, &res), 0);
 	assert_int_equal(pmem_fail(e->mem, "then", -EPERM, 1), 0);
 	pmem_calls_reset(e->mem);
@@ -751,15 +758,12 @@ static void test_held_setattr_error_goes_to_the_owner(void **state)
 static void test_held_setattr_error_at_fsync(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out;
 	struct sbx_node *n;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
-					 &out),
-			 0);
+	chmod_held(e, n, fh, 0600);
 	assert_int_equal(pmem_fail(e->mem, "then", -EPERM, 1), 0);
 	assert_int_equal(e->ops->fsync(e->cache, fh, false), -EPERM);
 	holds_len(e, 5);
@@ -772,7 +776,7 @@ static void test_held_setattr_error_at_fsync(void **state)
 static void test_setattr_of_a_linked_file_is_not_held(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out, real;
+	struct stat out, real;
 	struct sbx_node *n, *l;
 	struct sbx_file *fh;
 
@@ -781,9 +785,7 @@ static void test_setattr_of_a_linked_file_is_not_held(void **state)
 	assert_int_equal(e->ops->link(e->cache, n, e->dir, "g", &l, &out), 0);
 	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
 	pmem_calls_reset(e->mem);
-	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
-					 &out),
-			 0);
+	chmod_held(e, n, fh, 0600);
 	assert_int_not_equal(pmem_calls(e->mem, "write_then") +
 				     pmem_calls(e->mem, "setattr"),
 			     0);
@@ -799,15 +801,13 @@ static void test_setattr_of_a_linked_file_is_not_held(void **state)
 static void test_link_after_held_setattr(void **state)
 {
 	struct env *e = *state;
-	struct stat in = { .st_mode = 0600 }, out, real;
+	struct stat out, real;
 	struct sbx_node *n, *l;
 	struct sbx_file *fh;
 
 	settle(e);
 	create_hello(e, &n, &fh);
-	assert_int_equal(e->ops->setattr(e->cache, n, fh, &in, SBX_SET_MODE,
-					 &out),
-			 0);
+	chmod_held(e, n, fh, 0600);
 	assert_int_equal(e->ops->link(e->cache, n, e->dir, "g", &l, &out), 0);
 	assert_int_equal(out.st_mode & 07777, 0600);
 	assert_int_equal(out.st_size, 5);
