@@ -11,8 +11,13 @@
  * process builds its own pool.
  *
  * Requests are HTTP/1.1 (the agent is libmicrohttpd) with TCP_NODELAY and
- * keep-alive probes.  "Expect: 100-continue" is suppressed: it would cost
- * a round trip on every large write.
+ * keep-alive probes.  "Expect: 100-continue" is suppressed for bodies in
+ * memory (it would cost a round trip on every large write) and sent for
+ * bodies streamed from a descriptor (tar uploads).  The agent may refuse
+ * those at their headers (a seed into a busy root) and then closes; a body
+ * sent without asking races that answer, and a send into the closed
+ * connection ("Broken pipe") hides it.  Asking costs one round trip per
+ * upload and sends nothing to an agent that refuses.
  *
  * Bounds.  Every ordinary request has CURLOPT_TIMEOUT_MS (the configured
  * timeout) and CURLOPT_CONNECT_TIMEOUT_MS.  Streams (watch, exec output,
@@ -43,6 +48,9 @@
 #include "sbx/xmalloc.h"
 
 #include "premote_i.h"
+
+/* How long an upload waits for "100 Continue" before it sends anyway. */
+#define PREMOTE_EXPECT_100_MS 5000L
 
 struct premote_http {
 	char *base;
@@ -567,6 +575,10 @@ static void setup(struct xfer *x, const char *url, struct curl_slist *hdrs,
 	if (r->body_from_fd) {
 		curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
 		curl_easy_setopt(e, CURLOPT_READDATA, x);
+		/* The agent answers the headers at once; a proxy that drops
+		 * the interim answer costs this much once per upload. */
+		curl_easy_setopt(e, CURLOPT_EXPECT_100_TIMEOUT_MS,
+				 PREMOTE_EXPECT_100_MS);
 		if (!strcmp(r->method, "PUT")) {
 			curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		} else {
@@ -681,10 +693,13 @@ int premote_http_do(struct premote_http *h, const struct premote_req *req,
 		resp->body.cap = req->max_body;
 	if (h->token_hdr && !req->no_token)
 		hdrs = curl_slist_append(hdrs, h->token_hdr);
-	hdrs = curl_slist_append(hdrs, "Expect:");
 	hdrs = curl_slist_append(hdrs, "Accept: " SBX_CT_JSON ", " SBX_CT_OCTET);
-	if (req->body_from_fd)
+	if (req->body_from_fd) {
 		hdrs = curl_slist_append(hdrs, "Transfer-Encoding: chunked");
+		hdrs = curl_slist_append(hdrs, "Expect: 100-continue");
+	} else {
+		hdrs = curl_slist_append(hdrs, "Expect:");
+	}
 	if (req->body || strcmp(req->method, "GET")) {
 		ct = sbx_xasprintf("Content-Type: %s",
 				   req->content_type ? req->content_type

@@ -399,6 +399,29 @@ def test_repository_of_the_cwd_and_no_repo(renv, repo):
     assert renv.sbx("up", "w5", "--no-repo", "--repo", repo).rc == 2
 
 
+def test_refused_seed_of_a_large_repository(renv, repo):
+    """The agent refuses a seed into a non-empty root as soon as it has the
+    headers.  The client must hear that answer for a repository far larger
+    than the socket buffers too, not a broken pipe from pushing a body the
+    agent will never read (it asks before sending: Expect: 100-continue)."""
+    env = renv.env
+    (repo / "big.bin").write_bytes(os.urandom(16 << 20))
+    git(env, repo, "add", "big.bin")
+    git(env, repo, "commit", "-q", "-m", "big")
+    for name, implicit in (("b1", True), ("b2", False)):
+        root = env.root / f"busy-{name}"
+        root.mkdir()
+        (root / "keep.txt").write_text("keep\n")
+        extra = () if implicit else ("--repo", repo)
+        r = renv.up(name, *extra, cwd=repo, check=False, agent_root=root)
+        assert "Broken pipe" not in r.err and "not empty" in r.err, r
+        if implicit:
+            assert r.rc == 0 and "not putting" in r.err, r
+        else:
+            assert r.rc == 6 and name not in env.session_names(), r
+        assert sorted(p.name for p in root.iterdir()) == ["keep.txt"]
+
+
 def test_pull_after_gc_in_the_sandbox(renv, repo):
     """The sandbox packs its objects (git gc): the pull gets the new pack
     through libgit2's indexer, and still only what is missing matters."""

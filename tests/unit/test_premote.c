@@ -9,9 +9,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,9 +50,25 @@ struct fake {
 	int port;
 	const struct canned *table;
 	bool silent;          /* accept and never answer (timeouts) */
+	bool count_body;      /* after answering, count what still comes */
 	pthread_t thread;
 	int served;
+	size_t body_bytes;    /* with count_body: bytes after the headers */
 };
+
+/* Bytes that arrive on `c` within a second, past `already`. */
+static size_t drain_for_a_second(int c, size_t already)
+{
+	struct timeval tv = { .tv_sec = 1 };
+	char buf[16384];
+	size_t n = already;
+	ssize_t r;
+
+	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	while ((r = read(c, buf, sizeof(buf))) > 0)
+		n += (size_t)r;
+	return n;
+}
 
 static void *fake_thread(void *arg)
 {
@@ -93,6 +111,12 @@ static void *fake_thread(void *arg)
 			}
 		if (write(c, ans, alen ? alen : strlen(ans)) < 0) {
 			/* the client went away */
+		}
+		if (f->count_body) {
+			const char *end = strstr(req, "\r\n\r\n");
+
+			f->body_bytes = drain_for_a_second(
+				c, end ? n - (size_t)(end + 4 - req) : 0);
 		}
 		f->served++;
 		close(c);
@@ -495,6 +519,79 @@ static void test_proxy_and_agent_errors(void **state)
 	sbx_error_clear();
 	premote_http_free(h);
 	fake_stop(&f);
+	free(url);
+}
+
+/* ---- a streamed upload refused at its headers ------------------------------ */
+
+static const struct canned busy[] = {
+	{"/v1/archive", "HTTP/1.1 409 Conflict\r\n" AGENT_HDRS
+		"\r\n"
+			"{\"error\":{\"errno\":\"ENOTEMPTY\",\"message\":"
+			"\"/ is not empty\"}}"},
+	{NULL, NULL},
+};
+
+struct late_writer {
+	int fd;
+	pthread_t thread;
+};
+
+/* The tar producer is slow (it is still reading objects): nothing for a
+ * tenth of a second, then 4 MiB. */
+static void *late_writer_run(void *arg)
+{
+	struct late_writer *w = arg;
+	static char chunk[64 * 1024];
+	struct timespec pause = { .tv_nsec = 100 * 1000 * 1000 };
+
+	nanosleep(&pause, NULL);
+	for (int i = 0; i < 64; i++)
+		if (write(w->fd, chunk, sizeof(chunk)) < 0)
+			break; /* EPIPE: the client stopped reading */
+	close(w->fd);
+	return NULL;
+}
+
+/*
+ * The agent answers a refused upload (a seed into a busy root) as soon as
+ * it has the headers, and closes.  The client asks before it sends
+ * (Expect: 100-continue): it hears that answer and sends no byte of the
+ * body.  Without asking, the body raced the answer, and a send into the
+ * closed connection ("Broken pipe") hid the agent's error in CI.
+ */
+static void test_upload_refused_at_headers(void **state)
+{
+	struct premote_config cfg = { .timeout_ms = 5000,
+				      .connect_timeout_ms = 5000 };
+	struct premote_http *h = NULL;
+	struct late_writer w;
+	struct fake f;
+	int fds[2];
+	char *url;
+	int rc;
+
+	signal(SIGPIPE, SIG_IGN);
+	fake_start(&f, busy, false);
+	f.count_body = true;
+	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
+	cfg.url = url;
+	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+	w.fd = fds[1];
+	assert_int_equal(pthread_create(&w.thread, NULL, late_writer_run, &w),
+			 0);
+	rc = premote_archive_put(h, "", fds[0], false, NULL);
+	close(fds[0]);
+	pthread_join(w.thread, NULL);
+	assert_int_equal(rc, -ENOTEMPTY);
+	assert_int_equal(sbx_error_last()->klass, SBX_ERR_REMOTE);
+	assert_non_null(strstr(sbx_error_last()->msg, "is not empty"));
+	sbx_error_clear();
+	premote_http_free(h);
+	fake_stop(&f);
+	assert_int_equal(f.served, 1);
+	assert_int_equal(f.body_bytes, 0);
 	free(url);
 }
 
@@ -920,6 +1017,7 @@ int main(void)
 		cmocka_unit_test(test_timeout_bound),
 		cmocka_unit_test(test_token_refused),
 		cmocka_unit_test(test_proxy_and_agent_errors),
+		cmocka_unit_test(test_upload_refused_at_headers),
 		cmocka_unit_test(test_change_from_frame),
 		cmocka_unit_test(test_exit_status),
 		cmocka_unit_test(test_registry),
