@@ -36,6 +36,10 @@
 #   delete-1                    unlink of that file
 #   create-10-newdir            mkdir + 10 x (create, write 100 B, close)
 #   delete-10                   10 unlinks + rmdir of that directory
+#   small-rows                  bench/remote.sh's create and unlink rows
+#                               as it runs them: 3 passes back to back of
+#                               mkdir, 100 creates, 100 unlinks, rmdir;
+#                               each phase reported on its own
 #   untar-netfilter             mkdir + tar -x of linux/netfilter (~90
 #                               small files, as root) into the mount
 #   seq-read-cold               dd bs=1M of blob/big.bin after a cold mount
@@ -147,13 +151,21 @@ def run(name, fn, prep=None):
     fn()
     el = time.perf_counter() - t
     time.sleep(SETTLE)
+    report(name, read_log(start), el)
+
+
+def read_log(start):
+    """The requests logged past byte `start`, in the order they began;
+    the watch stream and other never-ending requests are not a
+    workload's."""
     with open(log) as f:
         f.seek(start)
         recs = [json.loads(l) for l in f if l.strip()]
     recs.sort(key=lambda r: r["t0"])
-    # the watch stream and other never-ending requests are not the
-    # workload's
-    recs = [r for r in recs if not r["path"].startswith("/v1/watch")]
+    return [r for r in recs if not r["path"].startswith("/v1/watch")]
+
+
+def report(name, recs, el):
     cnt = collections.Counter(kind(r) for r in recs)
     maxin = max((r.get("inflight", 1) for r in recs), default=0)
     # time with at least one request out, over the workload's wall time
@@ -276,6 +288,46 @@ def delete_n():
 
 run("create-10-newdir", create_n)
 run("delete-10", delete_n)
+
+
+def small_rows(name, prep=None, n=100, passes=3):
+    """bench/remote.sh's create and unlink rows as it runs them: passes
+    back to back (mkdir, n creates, n unlinks, rmdir), nothing settled in
+    between; each phase of each pass reported on its own."""
+    if ONLY and name not in ONLY:
+        return
+    if prep:
+        prep()
+    time.sleep(0.3)
+    start = os.path.getsize(log)
+    phases = []
+    for i in range(passes):
+        sd = os.path.join(mnt, f"bench-small-{i}")
+        names = [os.path.join(sd, f"f{k:04d}.txt") for k in range(n)]
+        t0 = time.monotonic()
+        os.mkdir(sd)
+        for p in names:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"x" * 100)
+            os.close(fd)
+        t1 = time.monotonic()
+        for p in names:
+            os.unlink(p)
+        os.rmdir(sd)
+        t2 = time.monotonic()
+        phases += [(f"{name} pass {i + 1} create {n}", t0, t1),
+                   (f"{name} pass {i + 1} unlink {n}", t1, t2)]
+    time.sleep(SETTLE)
+    recs = read_log(start)
+    for k, (name, a, b) in enumerate(phases):
+        # a request belongs to the phase it began in
+        last = k == len(phases) - 1
+        report(name, [r for r in recs
+                      if a <= r["t0"] and (r["t0"] < b or last)], b - a)
+
+
+small_rows("small-rows")
+small_rows("small-rows-cold", cold)
 tarball = os.path.join(work, "small.tar")
 subprocess.run(["tar", "-C", E["tree"], "-cf", tarball, "linux/netfilter"],
                check=True)

@@ -1126,6 +1126,7 @@ static void c_free(struct sbx_sandbox *sb)
 		sbx_error_clear();
 	}
 	wb_stop_flusher(c);
+	fresh_stop(c);
 	ahead_stop(c);
 	cache_lock(c);
 	tree_free(c, &c->root);

@@ -167,6 +167,8 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		return;
 	}
 	c->foreign++;
+	if (ch->kind == SBX_CHANGE_ENTRY)
+		fresh_note(c, ch->path);
 	if (n)
 		wb_node_changed(n); /* even dirty: its local image is old */
 	if (n && !n->dirty) {

@@ -7,6 +7,7 @@
  *   cache_wb.c       open files, their write-back buffers, the flusher
  *   cache_list.c     prefetch (bulk walks), listings, directory handles
  *   cache_ahead.c    look-ahead prefetch of contents the bulk left out
+ *   cache_fresh.c    git objects made in the sandbox, fetched ahead
  *   cache_change.c   the change stream: own-change expectations, applying
  *                    events, forwarding them to the daemon
  *   cache_silly.c    unlink of open files (silly rename) and last close
@@ -113,6 +114,21 @@
 #define AHEAD_REQ_BYTES (4u << 20)
 #define AHEAD_REQ_FILES 1024
 #define AHEAD_WINDOW (24u << 20)
+/*
+ * Git objects made in the sandbox (cache_fresh.c): the fan-out directories
+ * that entry events name are walked (depth 0, content up to
+ * FRESH_DIR_BYTES, files up to FRESH_MAX_FILE) by FRESH_WORKERS threads
+ * once the stream has been quiet for FRESH_QUIET seconds (at the latest
+ * FRESH_MAX_WAIT after they were noted), FRESH_TRIES times at most when a
+ * change races the walk; at most FRESH_MAX_DIRS wait.
+ */
+#define FRESH_WORKERS 4
+#define FRESH_QUIET 0.05
+#define FRESH_MAX_WAIT 2.0
+#define FRESH_TRIES 3
+#define FRESH_MAX_DIRS 512
+#define FRESH_MAX_FILE (64u << 10)
+#define FRESH_DIR_BYTES (256u << 10)
 /*
  * How long a statfs answer is reused (seconds).  `df` through the mount may
  * lag this much; fts (grep -r, find) calls fstatfs() once per walk.
@@ -301,6 +317,7 @@ struct cache {
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
 	struct ahead *ahead;       /* cache_ahead.c; NULL until first used */
+	struct fresh *fresh;       /* cache_fresh.c; NULL until first used */
 	/* cache_touch.c; NULL until the first touch (set under c->lock). */
 	struct touch *touch;
 	/* The last statfs answer, reused for CACHE_STATFS_TTL (c_statfs). */
@@ -622,6 +639,15 @@ void wb_stop_flusher(struct cache *c);
 
 /* Walk dir's subtree in one bulk call.  c->lock held (dropped inside). */
 void list_prefetch(struct cache *c, struct cnode *dir);
+/*
+ * One bulk walk of `path` (relative to the root) with `o`, its records
+ * kept in the tree as the prefetch keeps them: none that arrive after a
+ * change event during the walk.  No lock held.  0 when every record was
+ * kept, 1 when a change made it drop some, or a negative errno (-ENOSYS:
+ * the sandbox has no bulk walk).
+ */
+int list_walk(struct cache *c, const char *path,
+	      const struct sbx_bulk_opts *o);
 int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out);
 int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
 		 void *payload);
@@ -645,6 +671,27 @@ bool ahead_wait(struct cache *c, struct cnode *n);
 void ahead_consumed(struct cache *c, struct content *ct, bool read);
 /* Stop the workers (no lock held; requests out are finished first). */
 void ahead_stop(struct cache *c);
+
+/* ---- cache_fresh.c ----------------------------------------------------- */
+
+/*
+ * A foreign entry event named `path` (c->lock held): when it is a loose
+ * git object of a repository the tree has seen, its directory is walked
+ * soon (see cache_fresh.c).
+ */
+void fresh_note(struct cache *c, const char *path);
+/* Stop the workers (no lock held; walks out are finished first). */
+void fresh_stop(struct cache *c);
+
+/* What the workers did (for tests and the debug log). */
+struct fresh_stats {
+	size_t waiting;       /* directories queued */
+	unsigned walking;     /* walks out now */
+	unsigned long walks;  /* walks ended (kept or not) */
+};
+
+/* Takes c->lock. */
+void fresh_stats(struct cache *c, struct fresh_stats *out);
 
 /* ---- cache_change.c ---------------------------------------------------- */
 

@@ -22,6 +22,7 @@
 struct bulk_ctx {
 	struct cache *c;
 	unsigned long gen; /* c->events when the walk started */
+	bool dropped;      /* a record came after a change: not kept */
 };
 
 static int bulk_item(const struct sbx_bulk_item *it, void *payload)
@@ -35,6 +36,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	/* After a change during the walk, the rest may predate it: keep
 	 * nothing (lookups then ask one by one). */
 	if (ctx->gen != c->events) {
+		ctx->dropped = true;
 		cache_unlock(c);
 		return 0;
 	}
@@ -68,10 +70,25 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	return 0;
 }
 
+int list_walk(struct cache *c, const char *path,
+	      const struct sbx_bulk_opts *o)
+{
+	struct bulk_ctx ctx = {c, 0, false};
+	int rc;
+
+	cache_lock(c);
+	ctx.gen = c->events;
+	cache_unlock(c);
+	touch_drain(c); /* the walk must see the touches */
+	rc = c->inner->ops->bulk(c->inner, path, o, bulk_item, &ctx);
+	if (rc < 0)
+		return rc;
+	return ctx.dropped ? 1 : 0;
+}
+
 void list_prefetch(struct cache *c, struct cnode *dir)
 {
 	struct sbx_bulk_opts o = {PREFETCH_MAX_FILE, PREFETCH_MAX_TOTAL, -1};
-	struct bulk_ctx ctx = {c, 0};
 	char *path;
 	int rc;
 
@@ -85,10 +102,8 @@ void list_prefetch(struct cache *c, struct cnode *dir)
 	if (!path)
 		return;
 	dir->prefetching = true;
-	ctx.gen = c->events;
 	cache_unlock(c);
-	touch_drain(c); /* the walk must see the touches */
-	rc = c->inner->ops->bulk(c->inner, path, &o, bulk_item, &ctx);
+	rc = list_walk(c, path, &o);
 	cache_lock(c);
 	if (rc < 0) {
 		sbx_debug("prefetch of '%s' failed: %s", path,

@@ -725,6 +725,70 @@ def test_untar_sends_each_file_in_two_requests(provider, sbx_env, repo,
         rl.close()
 
 
+def _loose_objects(gitdir):
+    objs = gitdir / "objects"
+    return {p.relative_to(gitdir).as_posix() for p in objs.glob("??/*")
+            if len(p.name) in (38, 62)}
+
+
+@pytest.mark.providers("remote")
+@pytest.mark.remote_only("counts requests through a logging proxy")
+def test_objects_made_in_the_sandbox_are_read_without_asking(
+        provider, sbx_env, repo, agent, tmp_path):
+    # git in the sandbox (a commit there, behind the mount) writes loose
+    # objects.  The mount's cache walks their fan-out directories once the
+    # change stream is quiet (docs/design.md, "Objects made in the
+    # sandbox"), so a reader through the mount (a checkout, git show) has
+    # them without a request: before, 3 round trips each (the directory's
+    # attributes, the object's, its content).
+    from testenv.agent import up_remote
+    rl = RequestLog(agent.address, tmp_path / "requests.log")
+    try:
+        sb = up_remote(sbx_env, "o1", agent, rl, repo=repo)
+        try:
+            m, w = sb.mnt, sb.worktree
+            # the mount has looked into the repository
+            sbx_env.git("status", "--porcelain", cwd=m)
+            before = _loose_objects(w / ".git")
+            mark = rl.mark()
+            for i in range(6):
+                (w / f"made-{i}.txt").write_text(f"made in the sandbox {i}\n")
+            sbx_env.git("add", ".", cwd=w)
+            sbx_env.git("-c", "user.name=agent", "-c",
+                        "user.email=agent@sbx.invalid", "commit", "-q", "-m",
+                        "in the sandbox", cwd=w)
+            new = sorted(_loose_objects(w / ".git") - before)
+            assert len(new) >= 8, new      # 6 blobs, a tree, a commit
+            dirs = {".git%2F" + o.rsplit("/", 1)[0].replace("/", "%2F")
+                    for o in new}
+
+            def walked():
+                return {d for d in dirs for q in rl.since(mark)
+                        if "/v1/fs/bulk" in q["path"] and
+                        f"path={d}&" in q["path"] + "&"}
+
+            deadline = time.monotonic() + 30
+            while walked() != dirs and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert walked() == dirs, "\n".join(
+                q["path"] for q in rl.since(mark))
+            time.sleep(0.3)       # the last walk's answer is applied
+            mark = rl.mark()
+            for o in new:
+                assert (m / ".git" / o).read_bytes() == \
+                    (w / ".git" / o).read_bytes(), o
+            reqs = [q for q in rl.since(mark) if not q.get("stream")]
+            assert not [q for q in reqs if "objects" in q["path"] or
+                        "objects" in " ".join(q.get("op_paths") or [])], \
+                "\n".join(f"{q['method']} {q['path']}" for q in reqs)
+            r = sbx_env.git("show", "--stat", "HEAD", cwd=m)
+            assert "in the sandbox" in r.out
+        finally:
+            sbx_env.sbx("down", "o1", "--force", timeout=60)
+    finally:
+        rl.close()
+
+
 def test_untar_keeps_modes_times_and_bytes(sandbox, tmp_path):
     """The same on every provider: what tar set is what the sandbox has,
     and a later write after a held mtime moves the mtime on."""
