@@ -334,7 +334,7 @@ int agent_h_repo_seed(struct agent_req *r)
 		if (agent_extract_clear(r) < 0)
 			sbx_warn("PUT repo/seed: cleaning up: %s",
 				 sbx_error_last()->msg);
-		sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+		sbx_error_restore(&e);
 		return agent_reply_error(r, status, rc);
 	}
 	sbx_info("PUT repo/seed: %" PRIu64 " entries, %" PRIu64

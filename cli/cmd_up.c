@@ -402,9 +402,9 @@ out:
 					"%s again: %s; run `sbx gc`\n",
 				s->sandbox_id ? s->sandbox_id : "",
 				sbx_error_last()->msg);
-			sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+			sbx_error_restore(&e);
 		} else {
-			sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+			sbx_error_restore(&e);
 			rc = sbx_error_prefix(rc, "the new sandbox %s was "
 					      "deleted again",
 					      s->sandbox_id ? s->sandbox_id

@@ -112,7 +112,7 @@ int cli_up_seed(struct cli_seed *sd, bool implicit, struct sbx_provider *p,
 					"%s again: %s\n",
 				s->sandbox_id ? s->sandbox_id : "",
 				sbx_error_last()->msg);
-		sbx_error_setd(e.klass, e.code, e.detail, "%s", e.msg);
+		sbx_error_restore(&e);
 		return sbx_error_prefix(rc, "put the repository %s into the "
 					"sandbox of session %s",
 					cli_seed_repo(sd), s->session);

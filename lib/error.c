@@ -42,6 +42,13 @@ int sbx_error_setd(int klass, int code, long detail, const char *fmt, ...)
 	return code;
 }
 
+int sbx_error_restore(const struct sbx_error *e)
+{
+	if (e != &last)
+		last = *e;
+	return e->code;
+}
+
 int sbx_error_os(const char *fmt, ...)
 {
 	int err = errno ? errno : EIO;

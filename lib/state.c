@@ -450,6 +450,5 @@ void sbx_state_unlock_forget(int fd, const char *name)
 	if (saved.klass == SBX_ERR_NONE)
 		sbx_error_clear();
 	else
-		sbx_error_setd(saved.klass, saved.code, saved.detail, "%s",
-			       saved.msg);
+		sbx_error_restore(&saved);
 }

@@ -72,6 +72,13 @@ const struct sbx_error *sbx_error_last(void);
 /* Forget the current error (call when an error has been handled). */
 void sbx_error_clear(void);
 
+/*
+ * Make `e` (a copy of an earlier sbx_error_last(), taken before cleanup
+ * that may fail on its own) this thread's error again, exactly; returns
+ * e->code, so `return sbx_error_restore(&saved)` propagates it.
+ */
+int sbx_error_restore(const struct sbx_error *e);
+
 /* Symbolic errno name ("ENOENT"), or NULL when unknown.  Positive errno. */
 const char *sbx_errno_name(int err);
 

@@ -56,7 +56,7 @@ void plocal_error_save(struct sbx_error *save)
 
 void plocal_error_restore(const struct sbx_error *save)
 {
-	sbx_error_setd(save->klass, save->code, save->detail, "%s", save->msg);
+	sbx_error_restore(save);
 }
 
 /* Copy of a libgit2 directory path without its trailing '/'. */

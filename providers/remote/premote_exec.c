@@ -759,8 +759,7 @@ fail:
 		struct sbx_error saved = *sbx_error_last();
 
 		rx_free(&x->base);
-		sbx_error_setd(saved.klass, saved.code, saved.detail, "%s",
-			       saved.msg);
+		sbx_error_restore(&saved);
 	}
 	return rc;
 }
