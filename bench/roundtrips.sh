@@ -140,13 +140,21 @@ def query(rec):
     return q[1] if len(q) > 1 else ""
 
 
-def run(name, fn, prep=None):
+def begin(name, prep):
+    """None when ONLY leaves `name` out; else run prep, let its requests
+    pass and return where the workload's requests start in the log."""
     if ONLY and name not in ONLY:
-        return
+        return None
     if prep:
         prep()
     time.sleep(0.3)
-    start = os.path.getsize(log)
+    return os.path.getsize(log)
+
+
+def run(name, fn, prep=None):
+    start = begin(name, prep)
+    if start is None:
+        return
     t = time.perf_counter()
     fn()
     el = time.perf_counter() - t
@@ -294,12 +302,9 @@ def small_rows(name, prep=None, n=100, passes=3):
     """bench/remote.sh's create and unlink rows as it runs them: passes
     back to back (mkdir, n creates, n unlinks, rmdir), nothing settled in
     between; each phase of each pass reported on its own."""
-    if ONLY and name not in ONLY:
+    start = begin(name, prep)
+    if start is None:
         return
-    if prep:
-        prep()
-    time.sleep(0.3)
-    start = os.path.getsize(log)
     phases = []
     for i in range(passes):
         sd = os.path.join(mnt, f"bench-small-{i}")
