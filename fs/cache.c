@@ -34,6 +34,24 @@ double cache_now(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void cache_deadline_in(struct timespec *ts, clockid_t clock, long ms)
+{
+	clock_gettime(clock, ts);
+	ts->tv_nsec += ms * 1000000L;
+	ts->tv_sec += ts->tv_nsec / 1000000000L;
+	ts->tv_nsec %= 1000000000L;
+}
+
+void cache_cond_init_monotonic(pthread_cond_t *cond)
+{
+	pthread_condattr_t ca;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
 bool cache_healthy(struct cache *c)
 {
 	if (!__atomic_load_n(&c->watching, __ATOMIC_ACQUIRE))

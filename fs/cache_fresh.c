@@ -55,7 +55,8 @@ struct fresh {
 	double wait_since;    /* when the oldest waiting one was queued */
 	unsigned long gen;    /* c->events when last seen moving ... */
 	double gen_time;      /* ... at this time */
-	bool disabled;        /* no threads, or the sandbox cannot walk */
+	/* Stopping, or never to walk: no threads, or the sandbox has no
+	 * bulk walk (the workers end on -ENOSYS). */
 	bool stopping;
 	unsigned walking;     /* walks out now */
 	unsigned long walks;  /* walks ended */
@@ -106,18 +107,14 @@ static void *worker_main(void *arg);
 /* Start the workers once; false when there are none.  c->lock held. */
 static bool fresh_start(struct cache *c)
 {
-	pthread_condattr_t ca;
 	struct fresh *f;
 
 	if (c->fresh)
-		return !c->fresh->disabled;
+		return !c->fresh->stopping;
 	if (!c->inner->ops->bulk)
 		return false;
 	f = sbx_xcalloc(1, sizeof(*f));
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&f->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	cache_cond_init_monotonic(&f->cond);
 	c->fresh = f;
 	for (int i = 0; i < FRESH_WORKERS; i++) {
 		if (pthread_create(&f->th[f->nth], NULL, worker_main, c) != 0)
@@ -125,8 +122,8 @@ static bool fresh_start(struct cache *c)
 		f->nth++;
 	}
 	if (!f->nth)
-		f->disabled = true;
-	return !f->disabled;
+		f->stopping = true;
+	return !f->stopping;
 }
 
 static bool queued(const struct fresh *f, const char *dir, size_t len)
@@ -163,6 +160,9 @@ void fresh_note(struct cache *c, const char *path)
 
 	if (!dlen)
 		return;
+	/* Events come in bursts: most name a directory already waiting. */
+	if (c->fresh && (c->fresh->stopping || queued(c->fresh, path, dlen)))
+		return;
 	/* The repository's objects directory must be one the tree listed
 	 * (an event alone makes an UNKNOWN node). */
 	objects = sbx_xstrndup(path, is_fanout(path, dlen) ? dlen - 3 : dlen);
@@ -172,8 +172,6 @@ void fresh_note(struct cache *c, const char *path)
 	if (!seen || !fresh_start(c))
 		return;
 	f = c->fresh;
-	if (f->stopping || queued(f, path, dlen))
-		return;
 	if (f->n >= FRESH_MAX_DIRS) {
 		sbx_debug("new objects in '%.*s': not fetched ahead (%d "
 			  "directories wait already)",
@@ -184,14 +182,6 @@ void fresh_note(struct cache *c, const char *path)
 }
 
 /* ---- the workers --------------------------------------------------------- */
-
-static void deadline_in(struct timespec *ts, double s)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_nsec += (long)(s * 1e9);
-	ts->tv_sec += ts->tv_nsec / 1000000000L;
-	ts->tv_nsec %= 1000000000L;
-}
 
 /*
  * Wait until the stream has been quiet for FRESH_QUIET (or the oldest
@@ -214,7 +204,8 @@ static bool wait_quiet(struct cache *c, struct fresh *f)
 		if (now - f->gen_time >= FRESH_QUIET ||
 		    now - f->wait_since >= FRESH_MAX_WAIT)
 			return true;
-		deadline_in(&until, FRESH_QUIET / 2);
+		cache_deadline_in(&until, CLOCK_MONOTONIC,
+				  (long)(FRESH_QUIET * 1000 / 2));
 		pthread_cond_timedwait(&f->cond, &c->lock, &until);
 	}
 }
@@ -250,10 +241,8 @@ static void *worker_main(void *arg)
 		cache_lock(c);
 		f->walking--;
 		f->walks++;
-		if (rc == -ENOSYS) {
-			f->disabled = true;
+		if (rc == -ENOSYS)
 			f->stopping = true; /* no walks: the workers end */
-		}
 		if (rc < 0) {
 			sbx_debug("fetching the new objects of '%s' ahead: %s",
 				  d.path, sbx_error_last()->msg);

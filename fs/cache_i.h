@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "sbx/hashmap.h"
 #include "sbx/provider.h"
@@ -338,6 +339,12 @@ struct cache {
 /* ---- cache.c ------------------------------------------------------------ */
 
 double cache_now(void);
+/* *ts = now on `clock` plus ms milliseconds (a pthread_cond_timedwait
+ * deadline: CLOCK_MONOTONIC for conds made by cache_cond_init_monotonic,
+ * CLOCK_REALTIME for the others). */
+void cache_deadline_in(struct timespec *ts, clockid_t clock, long ms);
+/* A condition variable whose timed waits use CLOCK_MONOTONIC. */
+void cache_cond_init_monotonic(pthread_cond_t *cond);
 /* Is the change stream delivering?  Caller may hold c->lock. */
 bool cache_healthy(struct cache *c);
 /* Caller holds c->lock: is data fetched at monotonic time t still good? */
@@ -683,7 +690,7 @@ void fresh_note(struct cache *c, const char *path);
 /* Stop the workers (no lock held; walks out are finished first). */
 void fresh_stop(struct cache *c);
 
-/* What the workers did (for tests and the debug log). */
+/* What the workers did (for tests). */
 struct fresh_stats {
 	size_t waiting;       /* directories queued */
 	unsigned walking;     /* walks out now */

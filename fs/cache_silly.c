@@ -31,10 +31,7 @@ static void wait_released(struct cache *c, struct cnode *n)
 {
 	struct timespec until;
 
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_nsec += RELEASE_WAIT_MS * 1000000L;
-	until.tv_sec += until.tv_nsec / 1000000000L;
-	until.tv_nsec %= 1000000000L;
+	cache_deadline_in(&until, CLOCK_REALTIME, RELEASE_WAIT_MS);
 	while (n->opens &&
 	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
 		;

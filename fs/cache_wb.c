@@ -1056,14 +1056,6 @@ int wb_release(struct cache *c, struct cfile *f)
 
 /* ---- the flusher --------------------------------------------------------- */
 
-static void deadline_in(struct timespec *ts, long ms)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_nsec += ms * 1000000L;
-	ts->tv_sec += ts->tv_nsec / 1000000000L;
-	ts->tv_nsec %= 1000000000L;
-}
-
 static void *flusher_main(void *arg)
 {
 	struct cache *c = arg;
@@ -1076,7 +1068,7 @@ static void *flusher_main(void *arg)
 		struct cfile **due;
 		size_t n;
 
-		deadline_in(&until, CACHE_WB_TICK_MS);
+		cache_deadline_in(&until, CLOCK_MONOTONIC, CACHE_WB_TICK_MS);
 		pthread_cond_timedwait(&c->flusher_cond, &c->lock, &until);
 		if (c->stopping)
 			break;
@@ -1109,13 +1101,9 @@ static void *flusher_main(void *arg)
 
 int wb_start_flusher(struct cache *c)
 {
-	pthread_condattr_t ca;
 	int rc;
 
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->flusher_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	cache_cond_init_monotonic(&c->flusher_cond);
 	rc = pthread_create(&c->flusher, NULL, flusher_main, c);
 	if (rc != 0)
 		return sbx_error_set(SBX_ERR_OS, -rc,

@@ -36,6 +36,7 @@
 #include "../../fs/cache.h"
 #include "../../fs/cache_i.h"
 #include "../../providers/mem/pmem.h"
+#include "test_cache_i.h"
 
 /* 3 directories of 16 files of 200 KiB: 20 fit one request (4 MiB). */
 #define NDIRS 3
@@ -108,19 +109,11 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* The file at path (relative to the root) looked up name by name. */
+/* The node at path, looked up name by name (tc_walk_path). */
 static struct sbx_node *lookup_path(struct env *e, const char *path,
 				    struct stat *st)
 {
-	char *p = strdup(path), *save = NULL, *part;
-	struct sbx_node *n = e->root;
-
-	assert_non_null(p);
-	for (part = strtok_r(p, "/", &save); part;
-	     part = strtok_r(NULL, "/", &save))
-		assert_int_equal(e->ops->lookup(e->cache, n, part, &n, st), 0);
-	free(p);
-	return n;
+	return tc_walk_path(e->cache, path, false, st);
 }
 
 /* Read node n whole through the cache, 128 KiB at a time (the kernel's). */

@@ -35,6 +35,7 @@
 #include "../../fs/cache.h"
 #include "../../fs/cache_i.h"
 #include "../../providers/mem/pmem.h"
+#include "test_cache_i.h"
 
 /* Loose object names: 38 hex digits below the fan-out directory. */
 #define OBJ_AB "0123456789abcdef0123456789abcdef012345"
@@ -47,7 +48,8 @@ static const char *const reads[] = {
 };
 
 struct env {
-	struct sbx_sandbox *mem;
+	struct tc_env *tc;        /* test_cache_i.h's fixture */
+	struct sbx_sandbox *mem;  /* its members, for short */
 	struct sbx_sandbox *cache;
 	const struct sbx_sandbox_ops *ops;
 	struct sbx_node *root;
@@ -59,12 +61,6 @@ struct env {
 	const char *change_data;
 	int change_rc;            /* what that write returned */
 };
-
-static void on_change(const struct sbx_change *c, void *payload)
-{
-	(void)c;
-	(void)payload;
-}
 
 static void hook(const char *op, const char *path, void *payload)
 {
@@ -99,10 +95,17 @@ static void hook(const char *op, const char *path, void *payload)
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
+	void *tc = NULL;
 
 	assert_non_null(e);
 	pthread_mutex_init(&e->lock, NULL);
-	assert_int_equal(pmem_new(&e->mem, NULL), 0);
+	tc_setup(&tc);
+	e->tc = tc;
+	e->mem = e->tc->mem;
+	e->cache = e->tc->cache;
+	e->ops = e->tc->ops;
+	e->root = e->tc->root;
+	/* made behind the mount before the tree knows anything */
 	assert_int_equal(pmem_ext_mkdir(e->mem, ".git", 0755), 0);
 	assert_int_equal(pmem_ext_mkdir(e->mem, ".git/objects", 0755), 0);
 	assert_int_equal(pmem_ext_mkdir(e->mem, ".git/objects/ab", 0755), 0);
@@ -113,10 +116,7 @@ static int setup(void **state)
 					"old", 3),
 			 0);
 	assert_int_equal(pmem_ext_mkdir(e->mem, "src", 0755), 0);
-	assert_int_equal(fs_cache_new(&e->cache, e->mem, NULL), 0);
-	e->ops = e->cache->ops;
-	e->root = e->ops->root(e->cache);
-	assert_int_equal(e->ops->watch_start(e->cache, on_change, NULL), 0);
+	tc_settle(e->tc);
 	*state = e;
 	return 0;
 }
@@ -126,29 +126,18 @@ static int teardown(void **state)
 	struct env *e = *state;
 
 	pmem_set_hook(e->mem, NULL, NULL);
-	sbx_sandbox_free(e->cache);
-	sbx_sandbox_free(e->mem);
+	tc_env_free(e->tc);
 	pthread_mutex_destroy(&e->lock);
 	free(e);
 	return 0;
 }
 
-/* The node at path, looked up name by name (the kernel's walk). */
+/* The node at path, looked up name by name, each directory's attributes
+ * asked on the way (tc_walk_path). */
 static struct sbx_node *lookup_path(struct env *e, const char *path,
 				    struct stat *st)
 {
-	char *p = strdup(path), *save = NULL, *part;
-	struct sbx_node *n = e->root;
-
-	assert_non_null(p);
-	for (part = strtok_r(p, "/", &save); part;
-	     part = strtok_r(NULL, "/", &save)) {
-		assert_int_equal(e->ops->lookup(e->cache, n, part, &n, st), 0);
-		/* default_permissions: the kernel checks the directory */
-		assert_int_equal(e->ops->getattr(e->cache, n, NULL, st), 0);
-	}
-	free(p);
-	return n;
+	return tc_walk_path(e->cache, path, true, st);
 }
 
 /* The whole (small) content of path through the cache, NUL-terminated. */
@@ -175,6 +164,22 @@ static unsigned long reader_calls(struct env *e)
 	for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++)
 		n += pmem_calls(e->mem, reads[i]);
 	return n;
+}
+
+/*
+ * path reads as want[len] through the cache and costs the sandbox no call:
+ * its directory, its attributes and its content were all known here.
+ */
+static void read_without_asking(struct env *e, const char *path,
+				const char *want, size_t len)
+{
+	char *got;
+
+	pmem_calls_reset(e->mem);
+	got = read_path(e, path);
+	assert_memory_equal(got, want, len);
+	free(got);
+	assert_int_equal(reader_calls(e), 0);
 }
 
 /* The tree knows the repository (git status through the mount did it). */
@@ -210,7 +215,6 @@ static void test_new_object_is_there_before_it_is_asked(void **state)
 {
 	struct env *e = *state;
 	struct fresh_stats fs;
-	char *got;
 
 	know_repository(e);
 	assert_int_equal(pmem_ext_write(e->mem, ".git/objects/ab/" OBJ_AB,
@@ -219,12 +223,7 @@ static void test_new_object_is_there_before_it_is_asked(void **state)
 	wait_walks(e, 1);
 	assert_int_equal(e->nwalked, 1);
 	assert_string_equal(e->walked[0], ".git/objects/ab");
-	pmem_calls_reset(e->mem);
-	got = read_path(e, ".git/objects/ab/" OBJ_AB);
-	assert_memory_equal(got, "blob 5\0hello", 12);
-	free(got);
-	/* its directory, its attributes, its content: all known here */
-	assert_int_equal(reader_calls(e), 0);
+	read_without_asking(e, ".git/objects/ab/" OBJ_AB, "blob 5\0hello", 12);
 	fresh_stats(CACHE(e->cache), &fs);
 	assert_int_equal(fs.walks, 1);
 }
@@ -232,7 +231,6 @@ static void test_new_object_is_there_before_it_is_asked(void **state)
 static void test_walk_racing_a_change_is_tried_again(void **state)
 {
 	struct env *e = *state;
-	char *got;
 
 	know_repository(e);
 	pthread_mutex_lock(&e->lock);
@@ -250,11 +248,7 @@ static void test_walk_racing_a_change_is_tried_again(void **state)
 	pthread_mutex_unlock(&e->lock);
 	assert_int_equal(e->nwalked, 2);
 	assert_string_equal(e->walked[1], ".git/objects/ab");
-	pmem_calls_reset(e->mem);
-	got = read_path(e, ".git/objects/ab/" OBJ_AB);
-	assert_string_equal(got, "second");
-	free(got);
-	assert_int_equal(reader_calls(e), 0);
+	read_without_asking(e, ".git/objects/ab/" OBJ_AB, "second", 7);
 }
 
 static void test_only_loose_objects_of_a_seen_repository(void **state)
@@ -302,7 +296,6 @@ static void test_only_loose_objects_of_a_seen_repository(void **state)
 static void test_new_fanout_directory(void **state)
 {
 	struct env *e = *state;
-	char *got;
 	bool objects = false, ef = false;
 
 	know_repository(e);
@@ -318,11 +311,7 @@ static void test_new_fanout_directory(void **state)
 		ef |= !strcmp(e->walked[i], ".git/objects/ef");
 	}
 	assert_true(objects && ef);
-	pmem_calls_reset(e->mem);
-	got = read_path(e, ".git/objects/ef/" OBJ_AB);
-	assert_string_equal(got, "fresh");
-	free(got);
-	assert_int_equal(reader_calls(e), 0);
+	read_without_asking(e, ".git/objects/ef/" OBJ_AB, "fresh", 6);
 }
 
 static void test_freed_while_directories_wait(void **state)

@@ -1,6 +1,7 @@
 /*
  * The fixture of the caching layer's unit tests (test_cache.c,
- * test_cache_quick.c, test_cache_rt.c): the in-memory sandbox
+ * test_cache_quick.c, test_cache_rt.c, test_cache_fresh.c;
+ * test_cache_ahead.c uses tc_walk_path only): the in-memory sandbox
  * (providers/mem) wrapped by the cache (fs/cache.c), and the call
  * sequences the FUSE daemon sends, so that a test drives the cache through
  * its ops table as the daemon would.
@@ -142,6 +143,32 @@ static inline bool tc_holds(struct tc_env *e, const char *path,
 	     got == len && memcmp(buf, data, len) == 0;
 	free(buf);
 	return ok;
+}
+
+/*
+ * The node at `path` (relative to the root of `cache`, a cache over any
+ * sandbox), looked up name by name as the kernel walks; with `getattr`,
+ * each node is also asked for its attributes, as the kernel's permission
+ * check does for a directory it walks through (default_permissions).  The
+ * last answer in *st.  Test thread only (asserts).
+ */
+static inline struct sbx_node *tc_walk_path(struct sbx_sandbox *cache,
+					    const char *path, bool getattr,
+					    struct stat *st)
+{
+	const struct sbx_sandbox_ops *ops = cache->ops;
+	char *p = strdup(path), *save = NULL, *part;
+	struct sbx_node *n = ops->root(cache);
+
+	assert_non_null(p);
+	for (part = strtok_r(p, "/", &save); part;
+	     part = strtok_r(NULL, "/", &save)) {
+		assert_int_equal(ops->lookup(cache, n, part, &n, st), 0);
+		if (getattr)
+			assert_int_equal(ops->getattr(cache, n, NULL, st), 0);
+	}
+	free(p);
+	return n;
 }
 
 /* ---- the daemon's sequences (return codes only: any thread) ------------- */

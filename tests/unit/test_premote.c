@@ -479,21 +479,33 @@ static void test_token_refused(void **state)
 	rfx_stop(&x);
 }
 
-static void test_proxy_and_agent_errors(void **state)
+/* A client (5 s timeouts) of the canned server f, at its URL + prefix. */
+static struct premote_http *client_of(const struct fake *f,
+				      const char *prefix)
 {
 	struct premote_config cfg = { .timeout_ms = 5000,
 				      .connect_timeout_ms = 5000 };
 	struct premote_http *h = NULL;
+	char *url;
+
+	assert_true(asprintf(&url, "http://127.0.0.1:%d%s", f->port, prefix) >
+		    0);
+	cfg.url = url;
+	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	free(url); /* copied */
+	return h;
+}
+
+static void test_proxy_and_agent_errors(void **state)
+{
+	struct premote_http *h;
 	struct fake f;
 	cJSON *j = NULL;
-	char *url;
 	int rc;
 
 	/* A proxy (no X-Sbx-Agent) speaking for an unreachable agent. */
 	fake_start(&f, proxy503, false);
-	assert_true(asprintf(&url, "http://127.0.0.1:%d/prefix", f.port) > 0);
-	cfg.url = url;
-	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	h = client_of(&f, "/prefix");
 	rc = premote_http_json(h, "GET", "/v1/info", NULL, NULL, true, &j);
 	assert_int_equal(rc, -EIO);
 	assert_int_equal(sbx_error_last()->klass, SBX_ERR_HTTP);
@@ -504,13 +516,10 @@ static void test_proxy_and_agent_errors(void **state)
 	assert_null(j);
 	premote_http_free(h);
 	fake_stop(&f);
-	free(url);
 
 	/* The agent's error object: its errno and message. */
 	fake_start(&f, errors, false);
-	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
-	cfg.url = url;
-	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	h = client_of(&f, "");
 	rc = premote_http_json(h, "GET", "/v1/fs/stat", "path=a%2Fb", NULL,
 			       true, &j);
 	assert_int_equal(rc, -ENOENT);
@@ -519,7 +528,6 @@ static void test_proxy_and_agent_errors(void **state)
 	sbx_error_clear();
 	premote_http_free(h);
 	fake_stop(&f);
-	free(url);
 }
 
 /* ---- a streamed upload refused at its headers ------------------------------ */
@@ -562,21 +570,16 @@ static void *late_writer_run(void *arg)
  */
 static void test_upload_refused_at_headers(void **state)
 {
-	struct premote_config cfg = { .timeout_ms = 5000,
-				      .connect_timeout_ms = 5000 };
-	struct premote_http *h = NULL;
+	struct premote_http *h;
 	struct late_writer w;
 	struct fake f;
 	int fds[2];
-	char *url;
 	int rc;
 
 	signal(SIGPIPE, SIG_IGN);
 	fake_start(&f, busy, false);
 	f.count_body = true;
-	assert_true(asprintf(&url, "http://127.0.0.1:%d", f.port) > 0);
-	cfg.url = url;
-	assert_int_equal(premote_http_new(&h, &cfg, "tok"), 0);
+	h = client_of(&f, "");
 	assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
 	w.fd = fds[1];
 	assert_int_equal(pthread_create(&w.thread, NULL, late_writer_run, &w),
@@ -592,7 +595,6 @@ static void test_upload_refused_at_headers(void **state)
 	fake_stop(&f);
 	assert_int_equal(f.served, 1);
 	assert_int_equal(f.body_bytes, 0);
-	free(url);
 }
 
 /* ---- watch frames ------------------------------------------------------------ */
