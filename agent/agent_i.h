@@ -164,6 +164,8 @@ const char *agent_arg(struct agent_req *r, const char *key);
  */
 int agent_arg_int(struct agent_req *r, const char *key, long long dflt,
 		  long long lo, long long hi, long long *out);
+/* Unsigned 64-bit query argument (an inode number): 0 when absent. */
+int agent_arg_u64(struct agent_req *r, const char *key, uint64_t *out);
 /* Parse the request body as a JSON object (-EINVAL when it is not). */
 int agent_body_json(struct agent_req *r, struct cJSON **out);
 
@@ -265,6 +267,18 @@ SBX_WUR int agent_stat_at(int dfd, const char *name, struct stat *st,
 SBX_WUR int agent_list(struct agent *a, const char *path, struct cJSON **out);
 /* o["st"] = the stat array of st. */
 void agent_put_st(struct cJSON *o, const struct stat *st);
+/*
+ * Open `path` (agent_open) for a write that was meant for the object with
+ * inode number `ino` (0: any object).  -ESTALE, with nothing opened, when
+ * the path names another object: the client buffered bytes for a file
+ * that was since moved away or replaced, and they must not land in
+ * whatever took its name.  The object is looked at before the open (an
+ * O_PATH open) and after it (fstat); either matching is enough, since
+ * opening a lower-layer file of an overlayfs for writing copies it up and
+ * may give it a new number.
+ */
+SBX_WUR int agent_open_ino(struct agent *a, const char *path, int flags,
+			   uint64_t ino, int *fd_out);
 /* Write all of data at off (or at the end when `append`). */
 SBX_WUR int agent_write_all(int fd, const void *data, size_t len,
 			    long long off, bool append, const char *what);

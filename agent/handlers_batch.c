@@ -361,7 +361,8 @@ static int op_data(struct exec_ctx *x, const struct sbx_batch_op *op,
 		flags = O_RDONLY;
 		break;
 	}
-	rc = agent_open(x->a, op->path, flags | O_NOCTTY | O_NONBLOCK, 0, &fd);
+	rc = agent_open_ino(x->a, op->path, flags | O_NOCTTY | O_NONBLOCK,
+			    op->kind == SBX_BATCH_WRITE ? op->ino : 0, &fd);
 	if (rc < 0)
 		return rc;
 	switch (op->kind) {

@@ -256,10 +256,46 @@ int agent_write_all(int fd, const void *data, size_t len, long long off,
 	return 0;
 }
 
+int agent_open_ino(struct agent *a, const char *path, int flags,
+		   uint64_t ino, int *fd_out)
+{
+	struct stat before, after;
+	int pfd = -1, fd = -1, rc = 0;
+
+	*fd_out = -1;
+	if (!ino)
+		return agent_open(a, path, flags, 0, fd_out);
+	rc = agent_open(a, path, O_PATH, 0, &pfd);
+	if (rc == 0 && fstat(pfd, &before) < 0)
+		rc = sbx_error_os("stat %s", path);
+	if (pfd >= 0)
+		close(pfd);
+	if (rc == 0)
+		rc = agent_open(a, path, flags, 0, &fd);
+	if (rc == 0 && fstat(fd, &after) < 0)
+		rc = sbx_error_os("stat %s", path);
+	if (rc == 0 && (uint64_t)before.st_ino != ino &&
+	    (uint64_t)after.st_ino != ino)
+		rc = sbx_error_set(SBX_ERR_OS, -ESTALE,
+				   "write %s: the path names another file "
+				   "now (inode %" PRIu64 ", the write is for "
+				   "inode %" PRIu64 "): it was moved or "
+				   "replaced; nothing was written",
+				   path, (uint64_t)after.st_ino, ino);
+	if (rc < 0) {
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	*fd_out = fd;
+	return 0;
+}
+
 int agent_h_write(struct agent_req *r)
 {
 	long long off, append, trunc;
 	char *path = NULL;
+	uint64_t ino;
 	struct stat st;
 	cJSON *o;
 	int fd = -1, rc;
@@ -272,9 +308,12 @@ int agent_h_write(struct agent_req *r)
 	if (rc == 0)
 		rc = agent_arg_int(r, "truncate", 0, 0, 1, &trunc);
 	if (rc == 0)
-		rc = agent_open(r->a, path,
-				O_WRONLY | O_NOCTTY | (append ? O_APPEND : 0),
-				0, &fd);
+		rc = agent_arg_u64(r, "ino", &ino);
+	if (rc == 0)
+		rc = agent_open_ino(r->a, path,
+				    O_WRONLY | O_NOCTTY |
+					    (append ? O_APPEND : 0),
+				    ino, &fd);
 	if (rc == 0)
 		rc = agent_write_all(fd, r->body.data, r->body.len, off, append,
 				     path);

@@ -152,6 +152,27 @@ int agent_arg_int(struct agent_req *r, const char *key, long long dflt,
 	return 0;
 }
 
+int agent_arg_u64(struct agent_req *r, const char *key, uint64_t *out)
+{
+	const char *v = agent_arg(r, key);
+	char *end;
+	unsigned long long n;
+
+	*out = 0;
+	if (!v || !*v)
+		return 0;
+	errno = 0;
+	n = strtoull(v, &end, 10);
+	/* strtoull takes a sign and blanks: digits only. */
+	if (errno || *end || *v < '0' || *v > '9')
+		return sbx_error_set(SBX_ERR_PROTO, -EINVAL,
+				     "query argument %s=%s: expected an "
+				     "unsigned 64-bit decimal integer",
+				     key, v);
+	*out = n;
+	return 0;
+}
+
 int agent_body_json(struct agent_req *r, cJSON **out)
 {
 	int rc;

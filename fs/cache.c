@@ -88,6 +88,15 @@ int cache_inner_node(struct cache *c, const char *path, struct sbx_node **out)
 	return c->inner->ops->node_at(c->inner, path, out);
 }
 
+int cache_inner_node_ino(struct cache *c, const char *path, ino_t ino,
+			 struct sbx_node **out)
+{
+	if (!ino || !c->inner->ops->node_at_ino)
+		return cache_inner_node(c, path, out);
+	touch_drain(c);
+	return c->inner->ops->node_at_ino(c->inner, path, (uint64_t)ino, out);
+}
+
 int cache_inner_stat(struct cache *c, const char *path, struct stat *st)
 {
 	struct sbx_node *n;
@@ -483,6 +492,7 @@ static void count_open(struct cache *c, struct cnode *n, struct cfile *f)
 {
 	cache_lock(c);
 	n->opens++;
+	f->ino = n->st.st_ino;
 	if (open_flushes(f->flags))
 		n->active++;
 	else

@@ -225,6 +225,13 @@ struct wb_ext {
 struct cfile {
 	struct cnode *node;
 	int flags;
+	/*
+	 * The inode number of the file this open opened (set under c->lock
+	 * as the open is counted; 0: unknown).  Pushes name it, so bytes
+	 * buffered here never land in another file moved onto the name
+	 * behind the mount (the sandbox answers ESTALE instead).
+	 */
+	ino_t ino;
 	unsigned refs;              /* c->lock */
 	bool released;              /* c->lock: RELEASE seen */
 	pthread_mutex_t wlock;      /* lock order 1 */
@@ -355,6 +362,13 @@ void cache_lock(struct cache *c);
 void cache_unlock(struct cache *c);
 /* A node reference of the wrapped sandbox for path (no I/O). */
 int cache_inner_node(struct cache *c, const char *path, struct sbx_node **out);
+/*
+ * The same for writes meant for the file with inode number `ino` (0: any):
+ * through node_at_ino when the wrapped sandbox has it, so that they fail
+ * with ESTALE once the path names another file (sbx/provider.h).
+ */
+int cache_inner_node_ino(struct cache *c, const char *path, ino_t ino,
+			 struct sbx_node **out);
 /* stat of path through the wrapped sandbox.  Caller holds no lock. */
 int cache_inner_stat(struct cache *c, const char *path, struct stat *st);
 

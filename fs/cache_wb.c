@@ -177,15 +177,18 @@ int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io)
 	char *path;
 	int rc;
 
+	ino_t ino;
+
 	io->node = NULL;
 	io->fh = NULL;
 	cache_lock(c);
 	path = tree_path_of(f->node);
+	ino = f->ino;
 	cache_unlock(c);
 	if (!path)
 		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
 				     "file was replaced while open");
-	rc = cache_inner_node(c, path, &io->node);
+	rc = cache_inner_node_ino(c, path, ino, &io->node);
 	free(path);
 	if (rc < 0)
 		return rc;
@@ -414,7 +417,7 @@ static int push_locked(struct cache *c, struct cfile *f)
 	struct cache_io io;
 	struct wb_ext *ext;
 	struct stat pin, pst;
-	struct sbx_error why;
+	struct sbx_error why, failed;
 	size_t next, i = 0, done = 0, sent = 0;
 	int pvalid, prc = 0;
 	bool fresh, ok;
@@ -447,6 +450,8 @@ static int push_locked(struct cache *c, struct cfile *f)
 		why = *sbx_error_last();
 		sbx_error_clear();
 	}
+	/* What failed, before the release and the unlock's jobs run. */
+	failed = *sbx_error_last();
 	side_end(c, &sc);
 	wb_io_end(c, &io);
 	cache_lock(c);
@@ -474,7 +479,7 @@ static int push_locked(struct cache *c, struct cfile *f)
 		ext_keep(f, ext, next, i, done);
 	}
 	cache_unlock(c);
-	return rc;
+	return rc < 0 && failed.code == rc ? sbx_error_restore(&failed) : rc;
 }
 
 /* wb_push_then() with f->wlock held. */

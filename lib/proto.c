@@ -42,7 +42,7 @@ enum {
 /* Largest integer a JSON double carries exactly. */
 #define JSON_INT_MAX 9007199254740992.0
 
-static cJSON *u64_string(uint64_t v)
+cJSON *sbx_proto_u64_to_json(uint64_t v)
 {
 	char s[24];
 
@@ -75,9 +75,9 @@ cJSON *sbx_proto_stat_to_json(const struct stat *st)
 		cJSON *item;
 
 		if (i == ST_INO)
-			item = u64_string(st->st_ino);
+			item = sbx_proto_u64_to_json(st->st_ino);
 		else if (i == ST_DEV)
-			item = u64_string(st->st_dev);
+			item = sbx_proto_u64_to_json(st->st_dev);
 		else
 			item = cJSON_CreateNumber(v[i]);
 		if (!item)
@@ -93,8 +93,7 @@ static int bad_field(const char *what, const char *field)
 			     what, field);
 }
 
-/* A decimal string of a 64-bit unsigned value, digits only. */
-static int parse_u64_string(const cJSON *item, uint64_t *out)
+int sbx_proto_u64_from_json(const cJSON *item, uint64_t *out)
 {
 	const char *s;
 	uint64_t v = 0;
@@ -171,10 +170,10 @@ int sbx_proto_stat_from_json(const cJSON *j, struct stat *st)
 		if (i >= ST_FIELDS)
 			break;
 		if (i == ST_INO) {
-			if (parse_u64_string(item, &ino) < 0)
+			if (sbx_proto_u64_from_json(item, &ino) < 0)
 				return bad_field("stat", names[i]);
 		} else if (i == ST_DEV) {
-			if (parse_u64_string(item, &dev) < 0)
+			if (sbx_proto_u64_from_json(item, &dev) < 0)
 				return bad_field("stat", names[i]);
 		} else if (parse_int(item, lo[i], hi[i], &v[i]) < 0) {
 			return bad_field("stat", names[i]);

@@ -179,6 +179,20 @@ static int p_b64(struct pctx *c, const cJSON *o, const char *key,
 	return 0;
 }
 
+/* An inode number: a decimal string, as in the stat array (0: none). */
+static int p_ino(struct pctx *c, const cJSON *o, const char *key,
+		 uint64_t *out)
+{
+	const cJSON *f = field(o, key);
+
+	*out = 0;
+	if (!f)
+		return 0;
+	if (sbx_proto_u64_from_json(f, out) < 0)
+		return perr(c, key, "must be a decimal string");
+	return 0;
+}
+
 /* "uid" and "gid", both optional (new objects' owner; setattr). */
 static int p_owner(struct pctx *c, const cJSON *o)
 {
@@ -362,7 +376,8 @@ void sbx_batch_op_decode(struct sbx_batch_op *op, const cJSON *o, size_t index)
 	case SBX_BATCH_WRITE:
 		if (p_int(&c, o, "offset", false, 0, (long long)1 << 53,
 			  &op->offset, NULL) < 0 ||
-		    p_bool(&c, o, "append", &op->append) < 0)
+		    p_bool(&c, o, "append", &op->append) < 0 ||
+		    p_ino(&c, o, "ino", &op->ino) < 0)
 			return;
 		p_b64(&c, o, "data", true, &op->data, &op->data_len);
 		break;
@@ -620,6 +635,13 @@ cJSON *sbx_batch_op_encode(const struct sbx_batch_op *op)
 		put_num(o, "offset", (double)op->offset);
 		if (op->append)
 			put_bool(o, "append", true);
+		if (op->ino) {
+			cJSON *ino = sbx_proto_u64_to_json(op->ino);
+
+			if (!ino)
+				abort();
+			cJSON_AddItemToObject(o, "ino", ino);
+		}
 		put_b64(o, "data", op->data, op->data_len);
 		break;
 	case SBX_BATCH_READ:

@@ -47,6 +47,14 @@ struct cJSON *sbx_proto_stat_to_json(const struct stat *st);
 /* Decode a stat array into *st (zeroed first).  -EPROTO on bad input. */
 SBX_WUR int sbx_proto_stat_from_json(const struct cJSON *j, struct stat *st);
 
+/*
+ * A 64-bit unsigned value (an inode or device number) as JSON: a decimal
+ * string, digits only, since a JSON number holds only 53 bits exactly.
+ * from_json: -1 (no error set) when `item` is not such a string.
+ */
+struct cJSON *sbx_proto_u64_to_json(uint64_t v);
+SBX_WUR int sbx_proto_u64_from_json(const struct cJSON *item, uint64_t *out);
+
 /* statvfs as an object and back. */
 struct cJSON *sbx_proto_statvfs_to_json(const struct statvfs *sv);
 SBX_WUR int sbx_proto_statvfs_from_json(const struct cJSON *j,

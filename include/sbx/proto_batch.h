@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sbx/error.h"
 
@@ -88,6 +89,8 @@ struct sbx_batch_op {
 	int atime_set, mtime_set; /* enum sbx_batch_time */
 	long long atime_s, atime_ns, mtime_s, mtime_ns;
 	bool excl, truncate, append, datasync;
+	/* write: the inode number the path must still name (0: any). */
+	uint64_t ino;
 	unsigned flags;      /* rename: RENAME_*; setxattr: XATTR_* */
 	int fmode;           /* fallocate: FALLOC_FL_* */
 	int whence;          /* lseek: SEEK_DATA or SEEK_HOLE */

@@ -30,10 +30,11 @@ static struct sbx_node *m_root(struct sbx_sandbox *sb)
 	return (struct sbx_node *)&PMEM(sb)->root_node;
 }
 
-static int m_node_at(struct sbx_sandbox *sb, const char *path,
-		     struct sbx_node **out)
+static int m_node_at_ino(struct sbx_sandbox *sb, const char *path,
+			 uint64_t ino, struct sbx_node **out)
 {
 	struct pmem *s = PMEM(sb);
+	struct pnode *n;
 	char *p = NULL;
 	int rc;
 
@@ -43,12 +44,21 @@ static int m_node_at(struct sbx_sandbox *sb, const char *path,
 		rc = pmem_clean(path, &p);
 	if (rc < 0)
 		return rc;
-	if (!*p)
+	if (!*p) {
 		*out = (struct sbx_node *)&s->root_node;
-	else
-		*out = (struct sbx_node *)pmem_node_new(p);
+	} else {
+		n = pmem_node_new(p);
+		n->expect_ino = (ino_t)ino;
+		*out = (struct sbx_node *)n;
+	}
 	free(p);
 	return 0;
+}
+
+static int m_node_at(struct sbx_sandbox *sb, const char *path,
+		     struct sbx_node **out)
+{
+	return m_node_at_ino(sb, path, 0, out);
 }
 
 static int m_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
@@ -533,6 +543,7 @@ static const struct sbx_sandbox_ops pmem_ops = {
 	.bulk = m_bulk,
 	.syncfs = m_syncfs,
 	.node_at = m_node_at,
+	.node_at_ino = m_node_at_ino,
 	.watch_healthy = pmem_op_watch_healthy,
 	.free = m_free,
 };

@@ -17,7 +17,10 @@
  *    file was opened with *at the time of the call*.  A file renamed or
  *    unlinked behind an open file therefore gives -ENOENT on its next
  *    write, exactly as with the remote provider; a new file at that path
- *    receives the write.  Opening checks that the path exists (-ENOENT) and
+ *    receives the write -- unless the file was opened on a node_at_ino()
+ *    node whose inode number the path no longer names: then the write
+ *    fails with -ESTALE, as the agent's writes that carry an inode number.
+ *    Opening checks that the path exists (-ENOENT) and
  *    is not a directory opened for writing (-EISDIR); O_TRUNC with write
  *    access truncates, as the remote provider's setattr size=0 does.
  *  - Objects: directories, regular files (content in memory), symlinks

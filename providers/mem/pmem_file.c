@@ -81,8 +81,12 @@ int pmem_op_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 
 	memset(out, 0, sizeof(*out));
 	rc = pmem_path_op(PMEM(sb), OP_OPEN, path, open_fn, &flags);
-	if (rc == 0)
-		out->fh = (struct sbx_file *)file_new(path, flags);
+	if (rc == 0) {
+		struct pfile *f = file_new(path, flags);
+
+		f->expect_ino = PNODE(node)->expect_ino;
+		out->fh = (struct sbx_file *)f;
+	}
 	return rc;
 }
 
@@ -139,6 +143,7 @@ struct io_args {
 	size_t size;
 	off_t off, len;
 	int flags;  /* write: the open flags; lseek: whence; fallocate: mode */
+	ino_t ino;  /* write: the inode it is for (0: any) */
 	ssize_t n;
 };
 
@@ -174,6 +179,20 @@ static int write_fn(struct pmem *s, const char *path, void *arg)
 {
 	struct io_args *a = arg;
 
+	if (a->ino) {
+		/* As the agent: never into another file moved onto it. */
+		struct pinode *in;
+		int rc = pmem_walk_locked(s, path, &in);
+
+		if (rc < 0)
+			return rc;
+		if (in->ino != a->ino)
+			return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+					     "write %s: the path names "
+					     "another file now",
+					     path);
+	}
+
 	a->n = pmem_write_locked(s, path, a->cbuf, a->size, a->off,
 				 a->flags & O_APPEND);
 	return a->n < 0 ? (int)a->n : 0;
@@ -184,7 +203,7 @@ ssize_t pmem_op_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 {
 	struct pfile *f = PFILE(fh);
 	struct io_args a = { .cbuf = buf, .size = size, .off = off,
-			     .flags = f->flags };
+			     .flags = f->flags, .ino = f->expect_ino };
 	int rc = pmem_path_op(PMEM(sb), OP_WRITE, f->path, write_fn, &a);
 
 	return rc < 0 ? rc : a.n;
@@ -227,7 +246,7 @@ int pmem_op_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 	struct pfile *f = PFILE(fh);
 	struct wthen_args a = {
 		.io = { .cbuf = buf, .size = size, .off = off,
-			.flags = f->flags },
+			.flags = f->flags, .ino = f->expect_ino },
 		.then = then,
 		.st = st,
 		.written = written,

@@ -68,6 +68,7 @@ struct pinode {
 
 struct pnode {
 	char *path; /* relative to the root; fixed */
+	ino_t expect_ino; /* node_at_ino(): writes check it; 0: any */
 };
 
 /* A directory snapshot entry (readdir). */
@@ -80,6 +81,8 @@ struct psnap {
 struct pfile {
 	char *path;
 	int flags;
+	ino_t expect_ino; /* the node's: writes fail with ESTALE when the
+			   * path names another inode; 0: any */
 	bool is_dir;
 	bool fetched;
 	struct psnap *snap; /* "." and ".." first */

@@ -263,8 +263,8 @@ static void r_forget(struct sbx_sandbox *sb, struct sbx_node *node)
 	premote_node_put(RSB(sb), RNODE(node));
 }
 
-static int r_node_at(struct sbx_sandbox *sb, const char *path,
-		     struct sbx_node **out)
+static int r_node_at_ino(struct sbx_sandbox *sb, const char *path,
+			 uint64_t ino, struct sbx_node **out)
 {
 	struct premote_sandbox *s = RSB(sb);
 	struct premote_node *n;
@@ -276,6 +276,7 @@ static int r_node_at(struct sbx_sandbox *sb, const char *path,
 	if (rc < 0)
 		return rc;
 	if (!*clean) {
+		/* The root is never written. */
 		free(clean);
 		*out = (struct sbx_node *)&s->root;
 		return 0;
@@ -283,8 +284,21 @@ static int r_node_at(struct sbx_sandbox *sb, const char *path,
 	n = sbx_xcalloc(1, sizeof(*n));
 	n->path = clean;
 	n->refs = 1;
+	/*
+	 * The agent checks the number it reports.  A number with the top
+	 * bit set was mixed with the device of a filesystem mounted below
+	 * the root (premote_fix_stat) and cannot be turned back: such
+	 * files are written unchecked, as before.
+	 */
+	n->expect_ino = ino >> 63 ? 0 : ino;
 	*out = (struct sbx_node *)n;
 	return 0;
+}
+
+static int r_node_at(struct sbx_sandbox *sb, const char *path,
+		     struct sbx_node **out)
+{
+	return r_node_at_ino(sb, path, 0, out);
 }
 
 static int r_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
@@ -695,8 +709,8 @@ static ssize_t r_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 }
 
 static ssize_t write_chunk(struct premote_sandbox *s, const char *path,
-			   const void *buf, size_t size, off_t off,
-			   bool append)
+			   uint64_t ino, const void *buf, size_t size,
+			   off_t off, bool append)
 {
 	struct premote_req r = {
 		.method = "PUT", .route = "/v1/fs/write",
@@ -715,6 +729,8 @@ static ssize_t write_chunk(struct premote_sandbox *s, const char *path,
 	premote_q_u64(&q, "offset", (uint64_t)off);
 	if (append)
 		premote_q_str(&q, "append", "1");
+	if (ino)
+		premote_q_u64(&q, "ino", ino);
 	r.query = sbx_buf_ptr(&q);
 	premote_resp_init(&resp);
 	rc = premote_http_do(s->http, &r, &resp);
@@ -769,7 +785,8 @@ static ssize_t r_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 	while (done < size) {
 		size_t len = size - done < WRITE_CHUNK ? size - done
 						       : WRITE_CHUNK;
-		ssize_t n = write_chunk(s, path, (const char *)buf + done, len,
+		ssize_t n = write_chunk(s, path, f->node->expect_ino,
+					(const char *)buf + done, len,
 					off + (off_t)done, append);
 
 		if (n < 0) {
@@ -846,7 +863,8 @@ static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 	path = premote_npath(s, (struct sbx_node *)f->node);
 	ops[0] = (struct sbx_batch_op){ .kind = SBX_BATCH_WRITE, .path = path,
 					.data = (unsigned char *)buf,
-					.data_len = size, .offset = off };
+					.data_len = size, .offset = off,
+					.ino = f->node->expect_ino };
 	if (then->kind == SBX_THEN_SETATTR)
 		setattr_op(&ops[1], path, then->in, then->valid);
 	else
@@ -1041,6 +1059,7 @@ const struct sbx_sandbox_ops premote_sandbox_ops = {
 	.watch_stop = premote_watch_stop,
 	.bulk = premote_bulk,
 	.node_at = r_node_at,
+	.node_at_ino = r_node_at_ino,
 	.watch_healthy = r_watch_healthy,
 	.free = r_free,
 	.repo_seed = premote_repo_seed,

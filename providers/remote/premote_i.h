@@ -142,6 +142,9 @@ SBX_WUR int premote_url_normalise(char **out, const char *url);
 struct premote_node {
 	char *path;           /* protected by nodes_lock */
 	uint64_t ino;         /* reported st_ino; 0 for node_at() nodes */
+	/* node_at_ino(): writes through it name the inode they are for
+	 * (the agent answers ESTALE when the path names another); 0: any. */
+	uint64_t expect_ino;
 	bool dir;
 	unsigned long refs;   /* protected by nodes_lock */
 	/* Links in premote_sandbox.by_ino / by_path, protected by

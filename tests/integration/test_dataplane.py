@@ -814,23 +814,71 @@ def test_untar_keeps_modes_times_and_bytes(sandbox, tmp_path):
 
 @pytest.mark.providers("remote")
 @pytest.mark.remote_only("the data plane the mirrors share; one copy")
-@pytest.mark.xfail(strict=True, reason="known defect (docs/design.md, "
-                   "'Known defects', renames inside a remote sandbox while "
-                   "writes are buffered): writes go by path, so bytes "
-                   "buffered for t land in a file moved onto t behind the "
-                   "mount")
+def test_writes_to_another_filesystem_below_the_root(sandbox):
+    """Files of a filesystem mounted below the agent's root report mixed
+    inode numbers (docs/providers.md, "Identity"), which a push cannot name:
+    their writes go unchecked, and must still land."""
+    m, w = sandbox.mnt, sandbox.worktree
+    sub = w / "sub"
+    sub.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "sbxtest", str(sub)],
+                   check=True)
+    try:
+        (sub / "f").write_bytes(b"old")
+        with open(m / "sub" / "f", "r+b") as f:
+            f.write(b"NEW")              # buffered, pushed at close
+        assert (sub / "f").read_bytes() == b"NEW"
+        (m / "sub" / "g").write_bytes(b"made here")
+        assert (sub / "g").read_bytes() == b"made here"
+        fd = os.open(m / "sub" / "g", os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"!")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert (sub / "g").read_bytes() == b"made here!"
+    finally:
+        subprocess.run(["umount", "-l", str(sub)], check=False)
+
+
+@pytest.mark.providers("remote")
+@pytest.mark.remote_only("the data plane the mirrors share; one copy")
 def test_file_moved_onto_a_buffered_name_keeps_its_bytes(sandbox):
+    """Bytes buffered for t never land in a file moved onto t behind the
+    mount: the push names t's inode, the agent refuses it (ESTALE), and
+    the owner's close() says so."""
     m, w = sandbox.mnt, sandbox.worktree
     (m / "t").write_bytes(b"tttt")
     fd = os.open(m / "t", os.O_WRONLY)
+    err = None
     try:
         assert os.write(fd, b"OLD!") == 4   # buffered in the daemon
         (w / "s").write_bytes(b"SSSS")
         os.rename(w / "s", w / "t")         # behind the mount
     finally:
         try:
-            os.close(fd)                    # pushes by path
-        except OSError:
-            pass                            # an error here would be fine
+            os.close(fd)                    # pushes, naming t's inode
+        except OSError as e:
+            err = e.errno
     # The moved file never was the writer's: its bytes must be intact.
     assert (w / "t").read_bytes() == b"SSSS"
+    # The bytes wait up to a second in the daemon: the push comes after
+    # the rename and is refused.
+    assert err == errno.ESTALE
+    assert (m / "t").read_bytes() == b"SSSS"
+    # The same through fsync, whose push carries the bytes and the fsync
+    # in one batch (its write op names the inode too).
+    fd = os.open(m / "t", os.O_WRONLY)
+    try:
+        assert os.write(fd, b"NEW!") == 4
+        (w / "u").write_bytes(b"UUUU")
+        os.rename(w / "u", w / "t")
+        with pytest.raises(OSError) as ei:
+            os.fsync(fd)
+        assert ei.value.errno == errno.ESTALE
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass                            # told again: fine
+    assert (w / "t").read_bytes() == b"UUUU"

@@ -169,6 +169,7 @@ static void roundtrip_op(const struct sbx_batch_op *op)
 	assert_int_equal(o->fmode, op->fmode);
 	assert_int_equal(o->whence, op->whence);
 	assert_int_equal(o->rdev, op->rdev);
+	assert_true(o->ino == op->ino);
 	sbx_batch_free(b);
 	free(text);
 }
@@ -198,6 +199,10 @@ static void test_batch_roundtrip(void **state)
 		  .mtime_ns = 999999999 },
 		{ .kind = SBX_BATCH_WRITE, .path = "w", .offset = 7,
 		  .data = bytes, .data_len = sizeof(bytes) },
+		/* An inode number past 2^53 survives (a decimal string). */
+		{ .kind = SBX_BATCH_WRITE, .path = "w", .offset = 0,
+		  .data = bytes, .data_len = 1,
+		  .ino = 18446744073709551557ull },
 		{ .kind = SBX_BATCH_FSYNC, .path = "w", .datasync = true },
 		{ .kind = SBX_BATCH_FALLOCATE, .path = "w", .fmode = 3,
 		  .offset = 1, .length = 4096 },
@@ -291,6 +296,12 @@ static void test_batch_malformed(void **state)
 	check_op_error("{\"ops\":[{\"op\":\"write\",\"path\":\"w\","
 		       "\"data\":\"!!\"}]}",
 		       "\"data\" is not valid base64");
+	check_op_error("{\"ops\":[{\"op\":\"write\",\"path\":\"w\","
+		       "\"data\":\"\",\"ino\":12}]}",
+		       "\"ino\" must be a decimal string");
+	check_op_error("{\"ops\":[{\"op\":\"write\",\"path\":\"w\","
+		       "\"data\":\"\",\"ino\":\"-1\"}]}",
+		       "\"ino\" must be a decimal string");
 	check_op_error("{\"ops\":[{\"op\":\"setattr\",\"path\":\"w\","
 		       "\"mtime\":[1,1000000000]}]}",
 		       "\"mtime\" must be [s, ns]");
