@@ -44,9 +44,11 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	if (n && !n->dirty) {
 		tree_set_st(c, n, &it->st);
 		if (it->kind == SBX_BULK_DIR) {
-			/* Names not listed are gone; listed ones present. */
+			/* Names not listed are gone; listed ones present.
+			 * Not our hidden names: listings never show them,
+			 * and the last close removes them (cache_silly.c). */
 			tree_for_each_kid(k, kit, n)
-				if (!k->dirty)
+				if (!k->dirty && !k->hidden)
 					k->slot = S_ABSENT;
 			for (size_t i = 0; i < it->nentries; i++) {
 				if (tree_is_silly(it->entries[i].name))
@@ -185,11 +187,13 @@ static int relist(struct cache *c, struct cnode *dir)
 	c->inner->ops->forget(c->inner, in);
 	cache_lock(c);
 	if (rc == 0) {
-		/* Everything not listed is absent now (unknown if raced). */
+		/* Everything not listed is absent now (unknown if raced),
+		 * but for our hidden names, which no listing shows (see
+		 * bulk_item). */
 		bool raced = l.gen != c->events;
 
 		tree_for_each_kid(k, kit, dir)
-			if (!k->dirty)
+			if (!k->dirty && !k->hidden)
 				k->slot = raced ? S_UNKNOWN : S_ABSENT;
 		for (size_t i = 0; i < l.nseen; i++)
 			l.seen[i]->slot = S_PRESENT;

@@ -63,7 +63,12 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 			change_expect_cancel(c, e);
 		c->inner->ops->forget(c->inner, in);
 	}
-	if (rc < 0) {
+	if (rc == -ENOENT) {
+		/* Removed in the sandbox meanwhile (rm -r of its directory,
+		 * say): what we were to do is done. */
+		sbx_debug("%s/%s was already gone", dir ? dir : "?", name);
+		sbx_error_clear();
+	} else if (rc < 0) {
 		sbx_warn("could not remove %s/%s: %s", dir ? dir : "?", name,
 			 sbx_error_last()->msg);
 		sbx_error_clear();

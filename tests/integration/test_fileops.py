@@ -7,6 +7,7 @@ cannot be compared for: virtual xattrs, changes made directly in the worktree,
 writes reaching the worktree, concurrent writers.
 """
 
+import errno
 import mmap
 import os
 import stat
@@ -1122,6 +1123,44 @@ def drop_kernel_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
+
+
+def test_file_replaced_while_open_then_listed(sandbox):
+    """A file open through the mount and replaced by a rename over it
+    lives on for its descriptor (remote sandboxes keep it under a hidden
+    name), a listing of the directory meanwhile shows only the new file,
+    and once the descriptor is closed nothing is left behind: the
+    directory can be removed (the hidden file used to stay: ENOTEMPTY)."""
+    d = sandbox.mnt / "replaced"
+    d.mkdir()
+    (d / "b").write_bytes(b"old")
+    (d / "n").write_bytes(b"new")
+    fd = os.open(d / "b", os.O_RDWR)
+    try:
+        os.rename(d / "n", d / "b")
+        # A change made in the sandbox: the next listing asks it again.
+        (sandbox.worktree / "replaced" / "other").write_bytes(b"o")
+        deadline = time.monotonic() + VISIBLE_WITHIN
+        while "other" not in os.listdir(d) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(os.listdir(d)) == ["b", "other"]
+        assert os.pread(fd, 10, 0) == b"old"
+        assert os.fstat(fd).st_nlink == 0
+        assert (d / "b").read_bytes() == b"new"
+    finally:
+        os.close(fd)
+    os.unlink(d / "b")
+    os.unlink(d / "other")
+    deadline = time.monotonic() + 5       # RELEASE is asynchronous
+    while True:
+        try:
+            os.rmdir(d)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    assert not (sandbox.worktree / "replaced").exists()
 
 
 # The unlinked-but-open f7 once read ENOENT on remote sandboxes: the cache

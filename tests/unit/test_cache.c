@@ -948,6 +948,54 @@ static void test_rename_open_file_through_cache(void **state)
 }
 
 /*
+ * A file open here and replaced by a rename through the mount is kept
+ * under a hidden name (a silly rename) until its last close, which
+ * removes it.  A listing of its directory from the sandbox in between,
+ * which never shows hidden names, must not make the cache forget the
+ * hidden file, or it stays in the sandbox and the directory cannot be
+ * removed (ENOTEMPTY).
+ */
+static void test_hidden_file_removed_after_listing(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *dir, *n, *x;
+	struct sbx_file *fh, *dh;
+	struct stat st;
+	struct names l;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/b", "old", 3), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/d", "new", 3), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	n = tc_walk_path(e->cache, "s/b", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	x = tc_walk_path(e->cache, "s/d", false, &st);
+	e->ops->forget(e->cache, x);
+	assert_int_equal(e->ops->rename(e->cache, dir, "d", dir, "b", 0), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "s/d", &st), -ENOENT);
+	/* Something else changes in the directory: its listing is asked
+	 * for again. */
+	assert_int_equal(pmem_ext_write(e->mem, "s/other", "o", 1), 0);
+	tc_settle(e);
+	memset(&l, 0, sizeof(l));
+	assert_int_equal(e->ops->opendir(e->cache, dir, &dh), 0);
+	assert_int_equal(e->ops->readdir(e->cache, dh, 0, SBX_READDIR_PLUS,
+					 collect, &l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, dh), 0);
+	assert_true(listed(&l, "b") && listed(&l, "other"));
+	assert_int_equal(l.n, 4);
+	assert_true(pmem_calls(e->mem, "readdir") > 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, dir);
+	assert_int_equal(pmem_ext_unlink(e->mem, "s/b"), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "s/other"), 0);
+	assert_int_equal(pmem_ext_rmdir(e->mem, "s"), 0);
+}
+
+/*
  * REGRESSION b: use after free.  Per file, one thread opens (O_TRUNC),
  * writes 4 KiB, closes, in a loop, while two threads getattr its node
  * (which pushes the buffered writes of whichever open file has some): a
@@ -1155,6 +1203,9 @@ int main(void)
 			test_rename_behind_buffered_write, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rename_open_file_through_cache, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_hidden_file_removed_after_listing, setup,
+			teardown),
 		/* Last: under ASan a hit ends the process. */
 		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
 						setup, teardown),
