@@ -716,6 +716,17 @@ static ssize_t c_write(struct sbx_sandbox *sb, struct sbx_file *fh,
 	return wb_write(c, f, data, size, off);
 }
 
+/* Page-cache write-back through f: at off even if f is O_APPEND. */
+static ssize_t c_write_at(struct sbx_sandbox *sb, struct sbx_file *fh,
+			  const void *data, size_t size, off_t off)
+{
+	struct cache *c = CACHE(sb);
+	struct cfile *f = CFILE(fh);
+
+	reactivate(c, f);
+	return wb_write_at(c, f, data, size, off);
+}
+
 static int c_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 {
 	struct cache *c = CACHE(sb);
@@ -1187,6 +1198,7 @@ static const struct sbx_sandbox_ops cache_ops = {
 	.create = c_create,
 	.read = c_read,
 	.write = c_write,
+	.write_at = c_write_at,
 	.flush = c_flush,
 	.fsync = c_fsync,
 	.release = c_release,

@@ -591,6 +591,9 @@ struct cache_io {
 };
 /* Open it (no lock held); on success end it with wb_io_end(). */
 int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io);
+/* The same with open flags `flags` instead of f's. */
+int wb_io_begin_flags(struct cache *c, struct cfile *f, int flags,
+		      struct cache_io *io);
 void wb_io_end(struct cache *c, struct cache_io *io);
 /*
  * Push f's buffered writes.  No lock held.  On failure the unpushed bytes
@@ -641,6 +644,13 @@ int wb_push_dir(struct cache *c, struct cnode *dir);
 int wb_push_all(struct cache *c);
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		 size_t size, off_t off);
+/*
+ * The same at `off` even when f is O_APPEND (a page-cache write-back that
+ * the kernel sent through f): buffered as any write, or, for an O_APPEND
+ * file, whose pushes append, written at once at `off`.
+ */
+ssize_t wb_write_at(struct cache *c, struct cfile *f, const void *data,
+		    size_t size, off_t off);
 /*
  * Reads and getattr of a node with unpushed writes, answered from the
  * local image (see struct cfile) without pushing.  No lock held.  Return

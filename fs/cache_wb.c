@@ -173,6 +173,12 @@ void wb_file_put(struct cache *c, struct cfile *f)
 
 int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io)
 {
+	return wb_io_begin_flags(c, f, f->flags, io);
+}
+
+int wb_io_begin_flags(struct cache *c, struct cfile *f, int flags,
+		      struct cache_io *io)
+{
 	struct sbx_open_result res;
 	char *path;
 	int rc;
@@ -194,8 +200,7 @@ int wb_io_begin(struct cache *c, struct cfile *f, struct cache_io *io)
 		return rc;
 	memset(&res, 0, sizeof(res));
 	rc = c->inner->ops->open(c->inner, io->node,
-				 f->flags & ~(O_CREAT | O_EXCL | O_TRUNC),
-				 &res);
+				 flags & ~(O_CREAT | O_EXCL | O_TRUNC), &res);
 	if (rc < 0) {
 		c->inner->ops->forget(c->inner, io->node);
 		io->node = NULL;
@@ -910,8 +915,26 @@ void wb_node_changed(struct cnode *n)
 			a->chg++;
 }
 
+static ssize_t take_write(struct cache *c, struct cfile *f,
+			       const void *data, size_t size, off_t off,
+			       bool at_off);
+
 ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 		 size_t size, off_t off)
+{
+	return take_write(c, f, data, size, off, false);
+}
+
+ssize_t wb_write_at(struct cache *c, struct cfile *f, const void *data,
+		    size_t size, off_t off)
+{
+	return take_write(c, f, data, size, off, true);
+}
+
+/* wb_write (at_off false) and wb_write_at (true). */
+static ssize_t take_write(struct cache *c, struct cfile *f,
+			       const void *data, size_t size, off_t off,
+			       bool at_off)
 {
 	ssize_t ret = (ssize_t)size;
 	bool others = false;
@@ -948,13 +971,20 @@ ssize_t wb_write(struct cache *c, struct cfile *f, const void *data,
 			goto out;
 		}
 	}
-	/* Appends must land at the real end: do not reorder them. */
+	/*
+	 * Appends must land at the real end: do not reorder them.  A write
+	 * at an offset through an O_APPEND file goes out at once too (its
+	 * pushes would append), through an open without O_APPEND.
+	 */
 	if (f->flags & O_APPEND) {
 		struct cache_io io;
 
 		rc = push_locked(c, f);
 		if (rc == 0)
-			rc = wb_io_begin(c, f, &io);
+			rc = wb_io_begin_flags(c, f,
+					       at_off ? f->flags & ~O_APPEND
+						      : f->flags,
+					       &io);
 		ret = rc < 0 ? rc
 			     : c->inner->ops->write(c->inner, io.fh, data,
 						    size, off);

@@ -631,10 +631,17 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
  * Write `in_buf` to `fh`; returns the count or -errno.  With `append`,
  * at the real end of the file: the kernel's idea of it may be stale when
  * another process appended in the worktree, and O_APPEND promises the end.
+ * With `page_cache` (the kernel writing back dirty pages of a mapping),
+ * at `off` whatever fh's own flags say (write_at).
  */
 static ssize_t write_data(struct fs *fs, struct sbx_file *fh,
-			  struct fuse_bufvec *in_buf, off_t off, bool append)
+			  struct fuse_bufvec *in_buf, off_t off, bool append,
+			  bool page_cache)
 {
+	ssize_t (*write)(struct sbx_sandbox *, struct sbx_file *,
+			 const void *, size_t, off_t) =
+		page_cache && fs->sb->ops->write_at ? fs->sb->ops->write_at
+						    : fs->sb->ops->write;
 	size_t size = fuse_buf_size(in_buf);
 	int fd = fs->sb->ops->file_fd ? fs->sb->ops->file_fd(fs->sb, fh) : -1;
 	struct fuse_bufvec mem = FUSE_BUFVEC_INIT(size);
@@ -666,8 +673,7 @@ static ssize_t write_data(struct fs *fs, struct sbx_file *fh,
 		if (n < 0)
 			n = sbx_error_os("append");
 	} else if (n >= 0) {
-		n = fs->sb->ops->write(fs->sb, fh, mem.buf[0].mem, (size_t)n,
-				       off);
+		n = write(fs->sb, fh, mem.buf[0].mem, (size_t)n, off);
 	}
 	if (mem.buf[0].mem != in_buf->buf[0].mem)
 		free(mem.buf[0].mem);
@@ -685,9 +691,15 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino,
 
 	if (rc < 0)
 		return reply_err(req, "write", rc);
-	/* Per-open files carry O_APPEND themselves. */
+	/*
+	 * Per-open files carry O_APPEND themselves.  A page-cache write-back
+	 * (mmap) comes through whichever writable open file the kernel
+	 * picked, maybe an O_APPEND one, and belongs at its offset.
+	 */
 	n = write_data(fs, fh, in_buf, off,
-		       !pfile_of(fi) && (fi->flags & O_APPEND));
+		       !pfile_of(fi) && !fi->writepage &&
+			       (fi->flags & O_APPEND),
+		       fi->writepage);
 	io_done(fs, fi, fh);
 	if (n < 0)
 		return reply_err(req, "write", (int)n);

@@ -472,6 +472,15 @@ struct sbx_sandbox_ops {
 	/* Write; returns count or -errno. */
 	ssize_t (*write)(struct sbx_sandbox *sb, struct sbx_file *fh,
 			 const void *buf, size_t size, off_t off);
+	/*
+	 * Optional: a write-back of the kernel's page cache (dirty pages of
+	 * a shared mapping) through fh, which the kernel picked among the
+	 * file's writable open files: at `off` even when fh was opened
+	 * O_APPEND (a plain write() through such a file lands at the end).
+	 * NULL: write (right for providers whose open files never append).
+	 */
+	ssize_t (*write_at)(struct sbx_sandbox *sb, struct sbx_file *fh,
+			    const void *buf, size_t size, off_t off);
 	/* close(2) of one descriptor of the open file: push buffered data. */
 	int (*flush)(struct sbx_sandbox *sb, struct sbx_file *fh);
 	int (*fsync)(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync);

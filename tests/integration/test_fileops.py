@@ -777,6 +777,36 @@ def test_mmap_shared_write(sandbox, plain_dir):
     assert data[2 * MiB:2 * MiB + 4] == b"MORE"
 
 
+def test_mmap_write_back_through_an_append_descriptor(sandbox, plain_dir):
+    """The kernel writes a mapping's dirty pages back through any writable
+    open file of the file, an O_APPEND one too: they belong at their
+    offset, not at the end (a remote mount once appended the page: the
+    file grew by 4 KiB)."""
+    def scen(d):
+        f = d / "ma"
+        a = os.open(f, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        b = os.open(f, os.O_RDWR | os.O_APPEND)
+        try:
+            os.write(a, bytes(range(256)) * 120)       # 30720 bytes
+            mm = mmap.mmap(b, 30720, mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+            mm[64:130] = b"M" * 66
+            mm.flush()
+            mm.close()
+            obs = [os.lseek(b, 29, os.SEEK_END), os.fstat(a).st_size]
+            os.write(b, b"tail")                       # a real append
+            obs.append(os.fstat(a).st_size)
+        finally:
+            os.close(a)
+            os.close(b)
+        data = f.read_bytes()
+        obs += [len(data), data[60:134], data[-6:]]
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen, label="mmap-append")
+    assert obs[:4] == [30749, 30720, 30724, 30724]
+
+
 def test_mmap_write_visible_in_worktree_after_msync(sandbox):
     f = sandbox.mnt / "mm.bin"
     f.write_bytes(b"\0" * 65536)

@@ -401,6 +401,30 @@ static void test_buffered_bytes_follow_the_file(void **state)
 	e->ops->forget(e->cache, n2);
 }
 
+/*
+ * The kernel writes a mapping's dirty pages back through whichever
+ * writable open file it picks, an O_APPEND one too: write_at puts them at
+ * their offset, while a write() through that file still appends.
+ */
+static void test_write_at_through_an_append_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "0123456789", 10), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDWR | O_APPEND, &fh), 0);
+	assert_int_equal(e->ops->write_at(e->cache, fh, "AB", 2, 3), 2);
+	assert_true(tc_holds(e, "f", "012AB56789", 10));
+	assert_int_equal(e->ops->write(e->cache, fh, "Z", 1, 0), 1);
+	assert_true(tc_holds(e, "f", "012AB56789Z", 11));
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -424,6 +448,9 @@ int main(void)
 			tc_teardown),
 		cmocka_unit_test_setup_teardown(
 			test_buffered_bytes_follow_the_file, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_write_at_through_an_append_file, tc_setup,
 			tc_teardown),
 	};
 
