@@ -26,13 +26,36 @@
 #include "sbx/xmalloc.h"
 #include "cache_i.h"
 
-/* Wait up to RELEASE_WAIT_MS for n's last RELEASE.  c->lock held. */
+/*
+ * Open files of n's file, and how many of them are active: those counted
+ * on n and on its other names.  The kernel has one inode per file and its
+ * opens count on whichever node that inode holds, which may be a name
+ * removed since (open b after link(c, b) and unlink(c) counts on c).
+ * c->lock held.
+ */
+static unsigned file_opens(const struct cnode *n, unsigned *active)
+{
+	unsigned opens = n->opens;
+
+	*active = n->active;
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next) {
+			opens += a->opens;
+			*active += a->active;
+		}
+	return opens;
+}
+
+/* Wait up to RELEASE_WAIT_MS for the last RELEASE of n's file.  c->lock
+ * held. */
 static void wait_released(struct cache *c, struct cnode *n)
 {
 	struct timespec until;
+	unsigned active;
 
 	cache_deadline_in(&until, CLOCK_REALTIME, RELEASE_WAIT_MS);
-	while (n->opens &&
+	while (file_opens(n, &active) &&
 	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
 		;
 }
@@ -46,9 +69,11 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	struct sbx_node *in;
 	struct expect *e;
 	char *dir, *name;
+	unsigned active;
 	int rc;
 
-	if (n->opens || !n->hidden || n->slot == S_ABSENT || !n->parent)
+	if (file_opens(n, &active) || !n->hidden || n->slot == S_ABSENT ||
+	    !n->parent)
 		return;
 	dir = tree_path(n->parent);
 	name = sbx_xstrdup(n->name);
@@ -78,6 +103,33 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	cache_lock(c);
 }
 
+/*
+ * The last open file of n's file is gone: remove every hidden name of it
+ * (n's own, or that of another name the open counted on n).  c->lock
+ * held; dropped for each removal, so the ring is searched afresh after
+ * each (a removed name is S_ABSENT and not found again).
+ */
+static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
+{
+	unsigned active;
+
+	while (!file_opens(n, &active)) {
+		struct cnode *h = NULL;
+
+		if (n->hidden && n->slot != S_ABSENT && n->parent)
+			h = n;
+		else if (n->in_ring)
+			for (struct cnode *a = n->ring_next; a != n && !h;
+			     a = a->ring_next)
+				if (a->hidden && a->slot != S_ABSENT &&
+				    a->parent)
+					h = a;
+		if (!h)
+			return;
+		unlink_hidden_locked(c, h);
+	}
+}
+
 int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 {
 	struct expect *e1, *e2;
@@ -86,11 +138,17 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 	char *hidden, *dp;
 	int rc;
 
+	unsigned opens = 0, active = 0;
+
 	cache_lock(c);
 	k = tree_kid_find(dir, name);
-	if (k && k->opens && !k->active)
+	if (k)
+		opens = file_opens(k, &active);
+	if (opens && !active) {
 		wait_released(c, k);
-	if (!k || k->slot == S_ABSENT || !k->opens || k->hidden ||
+		opens = file_opens(k, &active);
+	}
+	if (!k || k->slot == S_ABSENT || !opens || k->hidden ||
 	    (k->st.st_mode && !S_ISREG(k->st.st_mode))) {
 		cache_unlock(c);
 		return 0;
@@ -147,6 +205,6 @@ void silly_drop_open(struct cache *c, struct cfile *f)
 	f->flushed = true;
 	if (!n->opens)
 		pthread_cond_broadcast(&c->cond);
-	unlink_hidden_locked(c, n);
+	unlink_hidden_file_locked(c, n);
 	cache_unlock(c);
 }

@@ -1193,6 +1193,42 @@ def test_file_replaced_while_open_then_listed(sandbox):
     assert not (sandbox.worktree / "replaced").exists()
 
 
+def test_linked_file_opened_after_its_first_name_went(sandbox, plain_dir):
+    """link(c, b), unlink(c), open(b), unlink(b): the descriptor keeps the
+    file, fsync and I/O through it work, and nothing is left once it is
+    closed (on remote sandboxes the open counted on the removed name c, so
+    the unlink of b removed the file for good: fsync said ENOENT)."""
+    def scen(d):
+        (d / "c").write_bytes(b"data")
+        os.link(d / "c", d / "b")
+        os.unlink(d / "c")
+        fd = os.open(d / "b", os.O_RDWR | os.O_APPEND)
+        obs = []
+        try:
+            os.unlink(d / "b")
+            obs.append(attempt(lambda: os.write(fd, b"MORE")))
+            obs.append(attempt(lambda: os.fsync(fd)))
+            obs.append(attempt(lambda: os.pread(fd, 100, 0)))
+            obs.append(os.fstat(fd).st_nlink)
+            obs.append(sorted(os.listdir(d)))
+        finally:
+            os.close(fd)
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen, label="link-reopen")
+    assert obs[:4] == [("ok", 4), ("ok", None), ("ok", b"dataMORE"), 0], obs
+    d = sandbox.mnt / "link-reopen"
+    deadline = time.monotonic() + 5       # RELEASE is asynchronous
+    while True:
+        try:
+            os.rmdir(d)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 # The unlinked-but-open f7 once read ENOENT on remote sandboxes: the cache
 # kept the wrapped file open at its old path across the silly rename (it
 # now opens it per I/O at the current path; docs/design.md).

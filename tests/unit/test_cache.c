@@ -996,6 +996,47 @@ static void test_hidden_file_removed_after_listing(void **state)
 }
 
 /*
+ * A hard-linked file opened after its first name was removed: the kernel
+ * keeps one inode per file, whose node is the removed name's, so the open
+ * counts on that node.  Removing the last name must still keep the file
+ * for the descriptor (hidden), I/O through it must work, and its last
+ * close must remove the hidden name.  Found by the random tester: fsync
+ * said ENOENT, as did a write through a mapping.
+ */
+static void test_open_through_a_removed_name_of_a_linked_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *dir, *c, *made;
+	struct sbx_open_result res;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[8];
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "h", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "h/c", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "h", false, &st);
+	c = tc_walk_path(e->cache, "h/c", false, &st);
+	assert_int_equal(e->ops->link(e->cache, c, dir, "b", &made, &st), 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "c"), 0);
+	assert_int_equal(e->ops->open(e->cache, c, O_RDWR, &res), 0);
+	fh = res.fh;
+	assert_int_equal(e->ops->unlink(e->cache, dir, "b"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "h/b", &st), -ENOENT);
+	assert_int_equal(e->ops->write(e->cache, fh, "DATA", 4, 0), 4);
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 4);
+	assert_memory_equal(buf, "DATA", 4);
+	assert_int_equal(e->ops->getattr(e->cache, c, fh, &st), 0);
+	assert_int_equal(st.st_nlink, 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, c);
+	e->ops->forget(e->cache, dir);
+	assert_int_equal(pmem_ext_rmdir(e->mem, "h"), 0);
+}
+
+/*
  * REGRESSION b: use after free.  Per file, one thread opens (O_TRUNC),
  * writes 4 KiB, closes, in a loop, while two threads getattr its node
  * (which pushes the buffered writes of whichever open file has some): a
@@ -1206,6 +1247,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_hidden_file_removed_after_listing, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_through_a_removed_name_of_a_linked_file,
+			setup, teardown),
 		/* Last: under ASan a hit ends the process. */
 		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
 						setup, teardown),
