@@ -737,6 +737,26 @@ struct pick {
  * c->lock held: take a reference to every dirty file `p` picks; they go to
  * *out (malloc'd, NULL when none), and their count is returned.
  */
+/*
+ * Is a name of n's file (n, or another name of a hard-linked n) the node
+ * `want`, or a child of `dir`?  The kernel's one inode of a hard-linked
+ * file holds one of its names, and its open files count there: bytes
+ * buffered through it belong to the file under every name (a listing
+ * hands out the size of each).  c->lock held.
+ */
+static bool file_named(const struct cnode *n, const struct cnode *want,
+		       const struct cnode *dir)
+{
+	const struct cnode *a = n;
+
+	do {
+		if (a == want || (dir && a->parent == dir))
+			return true;
+		a = a->in_ring ? a->ring_next : n;
+	} while (a != n);
+	return false;
+}
+
 static size_t take_dirty(struct cache *c, const struct pick *p,
 			 struct cfile ***out)
 {
@@ -744,8 +764,9 @@ static size_t take_dirty(struct cache *c, const struct pick *p,
 	size_t nf = 0, cap = 0;
 
 	for (struct cfile *f = c->dirty; f; f = f->dnext) {
-		if ((p->n && f->node != p->n) ||
-		    (p->dir && f->node->parent != p->dir) || f == p->skip ||
+		if ((p->n && !file_named(f->node, p->n, NULL)) ||
+		    (p->dir && !file_named(f->node, NULL, p->dir)) ||
+		    f == p->skip ||
 		    (p->now > 0 && p->now - f->dirty_since < CACHE_WB_EXPIRE))
 			continue;
 		if (nf == cap) {

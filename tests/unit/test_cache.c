@@ -337,6 +337,7 @@ static void test_complete_listing_answers_enoent(void **state)
 struct names {
 	int n;
 	char name[16][32];
+	off_t size[16];
 	int nodes;
 };
 
@@ -347,6 +348,7 @@ static int collect(const char *name, const struct stat *st,
 
 	if (l->n >= 16)
 		return 1;
+	l->size[l->n] = st->st_size;
 	snprintf(l->name[l->n++], 32, "%s", name);
 	if (node)
 		l->nodes++;
@@ -1037,6 +1039,44 @@ static void test_open_through_a_removed_name_of_a_linked_file(void **state)
 }
 
 /*
+ * Bytes buffered through one name of a hard-linked file, and a listing of
+ * the directory of another name: readdirplus hands the kernel that name's
+ * size, so the bytes must be in the sandbox first (the listing pushed
+ * only files opened under a name in the listed directory: the kernel then
+ * took the old size, and a read through another descriptor of the file
+ * found nothing).
+ */
+static void test_listing_pushes_bytes_of_another_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *b, *d, *made;
+	struct sbx_file *fh, *dh;
+	struct names l;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	tc_settle(e);
+	d = tc_walk_path(e->cache, "d", false, &st);
+	assert_int_equal(tc_create(e, "b", O_EXCL, &b, &fh), 0);
+	assert_int_equal(e->ops->link(e->cache, b, d, "c", &made, &st), 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
+	memset(&l, 0, sizeof(l));
+	assert_int_equal(e->ops->opendir(e->cache, d, &dh), 0);
+	assert_int_equal(e->ops->readdir(e->cache, dh, 0, SBX_READDIR_PLUS,
+					 collect, &l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, dh), 0);
+	assert_int_equal(l.n, 3);
+	assert_string_equal(l.name[2], "c");
+	assert_int_equal(l.size[2], 5);
+	assert_true(tc_holds(e, "d/c", "hello", 5));
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, d);
+}
+
+/*
  * REGRESSION b: use after free.  Per file, one thread opens (O_TRUNC),
  * writes 4 KiB, closes, in a loop, while two threads getattr its node
  * (which pushes the buffered writes of whichever open file has some): a
@@ -1250,6 +1290,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_open_through_a_removed_name_of_a_linked_file,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_listing_pushes_bytes_of_another_name, setup,
+			teardown),
 		/* Last: under ASan a hit ends the process. */
 		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
 						setup, teardown),
