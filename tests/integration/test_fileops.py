@@ -1155,6 +1155,21 @@ def drop_kernel_caches():
         f.write("3\n")
 
 
+def rmdir_once_released(d, timeout=5.0):
+    """rmdir(d), retried while it says ENOTEMPTY for up to `timeout` s:
+    the kernel sends RELEASE after close() returns, and only then does a
+    remote sandbox remove the hidden name of a file removed while open."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(d)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_file_replaced_while_open_then_listed(sandbox):
     """A file open through the mount and replaced by a rename over it
     lives on for its descriptor (remote sandboxes keep it under a hidden
@@ -1181,15 +1196,7 @@ def test_file_replaced_while_open_then_listed(sandbox):
         os.close(fd)
     os.unlink(d / "b")
     os.unlink(d / "other")
-    deadline = time.monotonic() + 5       # RELEASE is asynchronous
-    while True:
-        try:
-            os.rmdir(d)
-            break
-        except OSError as e:
-            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    rmdir_once_released(d)
     assert not (sandbox.worktree / "replaced").exists()
 
 
@@ -1218,15 +1225,7 @@ def test_linked_file_opened_after_its_first_name_went(sandbox, plain_dir):
     obs = run_both(sandbox, plain_dir, scen, label="link-reopen")
     assert obs[:4] == [("ok", 4), ("ok", None), ("ok", b"dataMORE"), 0], obs
     d = sandbox.mnt / "link-reopen"
-    deadline = time.monotonic() + 5       # RELEASE is asynchronous
-    while True:
-        try:
-            os.rmdir(d)
-            break
-        except OSError as e:
-            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    rmdir_once_released(d)
 
 
 # The unlinked-but-open f7 once read ENOENT on remote sandboxes: the cache
