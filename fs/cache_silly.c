@@ -136,9 +136,8 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 	struct sbx_node *in;
 	struct cnode *k;
 	char *hidden, *dp;
-	int rc;
-
 	unsigned opens = 0, active = 0;
+	int rc;
 
 	cache_lock(c);
 	k = tree_kid_find(dir, name);
