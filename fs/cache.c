@@ -233,7 +233,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (!dir->prefetched && !dir->complete)
 		list_prefetch(c, dir);
 	k = tree_kid_find(dir, name);
-	if (k && k->dirty && k->slot == S_PRESENT) {
+	if (k && tree_file_dirty(k) && k->slot == S_PRESENT) {
 		cache_unlock(c);
 		if (wb_local_getattr(c, k, st)) {
 			*out = (struct sbx_node *)k;
@@ -241,11 +241,12 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 		}
 		cache_lock(c);
 	}
-	if (k && k->dirty) {
+	if (k && tree_file_dirty(k)) {
 		/*
-		 * Buffered writes change the size: a LOOKUP reply carries
-		 * attributes the kernel keeps (600 s), so they must be the
-		 * sandbox's after the push, not the cached ones.
+		 * Buffered writes (through any name of the file) change the
+		 * size: a LOOKUP reply carries attributes the kernel keeps
+		 * (600 s), so they must be the sandbox's after the push, not
+		 * the cached ones.
 		 */
 		cache_unlock(c);
 		rc = wb_push_node(c, k);
@@ -253,7 +254,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 			return rc;
 		cache_lock(c);
 	}
-	if (k && k->slot == S_PRESENT && k->st_valid && !k->dirty &&
+	if (k && k->slot == S_PRESENT && k->st_valid && !tree_file_dirty(k) &&
 	    cache_fresh(c, k->st_time)) {
 		*st = k->st;
 		st->st_nlink = tree_visible_nlink(k, st->st_nlink);
@@ -320,7 +321,7 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	if (rc < 0)
 		return rc;
 	cache_lock(c);
-	if (n->st_valid && !n->dirty && cache_fresh(c, n->st_time)) {
+	if (n->st_valid && !tree_file_dirty(n) && cache_fresh(c, n->st_time)) {
 		*st = n->st;
 		st->st_nlink = tree_visible_nlink(n, st->st_nlink);
 		cache_unlock(c);
@@ -365,7 +366,8 @@ static bool touch_deferred(struct cache *c, struct cnode *n, int valid,
 	clock_gettime(CLOCK_REALTIME, &now);
 	cache_lock(c);
 	st = n->st;
-	if (!cache_healthy(c) || !n->st_valid || n->dirty || n->orphan ||
+	if (!cache_healthy(c) || !n->st_valid || tree_file_dirty(n) ||
+	    n->orphan ||
 	    n->hidden || n->slot == S_ABSENT ||
 	    !(S_ISDIR(st.st_mode) ||
 	      (S_ISREG(st.st_mode) && st.st_nlink == 1)) ||
@@ -431,7 +433,7 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	cache_lock(c);
 	tree_refresh_st(c, n, out);
 	if (valid & SBX_SET_SIZE)
-		content_drop(c, n);
+		content_drop_file(c, n);
 	/* ctime (and a size) changed for every name of the file. */
 	tree_invalidate_file(n);
 	n->st_valid = true;
@@ -618,7 +620,7 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 /* A read of n that misses is served by fetching n whole.  c->lock held. */
 static bool read_whole(const struct cnode *n)
 {
-	return n->st_valid && !n->dirty && S_ISREG(n->st.st_mode) &&
+	return n->st_valid && !tree_file_dirty(n) && S_ISREG(n->st.st_mode) &&
 	       n->st.st_size <= (off_t)CACHE_WHOLE_FILE;
 }
 
@@ -679,7 +681,7 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 			cache_lock(c);
 			/* Only if nothing changed the file meanwhile. */
 			if (n->st_valid && n->st.st_size == fsize &&
-			    !n->dirty && gen == c->events) {
+			    !tree_file_dirty(n) && gen == c->events) {
 				struct stat cur = n->st;
 
 				content_store(c, n, all, cap, &cur);
@@ -828,7 +830,8 @@ static bool known_dense(struct cache *c, const struct cnode *n)
 {
 	off_t size = n->st.st_size, alloc = (off_t)n->st.st_blocks * 512;
 
-	return n->st_valid && !n->dirty && cache_fresh(c, n->st_time) &&
+	return n->st_valid && !tree_file_dirty(n) &&
+	       cache_fresh(c, n->st_time) &&
 	       S_ISREG(n->st.st_mode) && alloc >= size &&
 	       alloc - size <= (64 << 10) + size / 64;
 }
@@ -1124,11 +1127,19 @@ static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
 			     a = a->ring_next)
 				if (a->slot != S_ABSENT && !a->orphan)
 					stale = false;
-	} else if (S_ISDIR(st->st_mode) || st->st_nlink <= 1) {
+	} else if (S_ISDIR(st->st_mode) ||
+		   (st->st_nlink <= 1 &&
+		    !(n->st.st_ino == st->st_ino && tree_hidden_names(n)))) {
 		/*
 		 * One name only, and `fresh` was just found under it: what
 		 * `old` knows (a slot kept PRESENT or UNKNOWN by a listing
-		 * that raced the removal) is older than that.
+		 * that raced the removal) is older than that.  Unless a
+		 * hidden name of old's file is still in the sandbox: st's
+		 * link count leaves it out, and while it holds the inode
+		 * number no other file can have it, so `fresh` is another
+		 * name of the same file (link(a, b), a replaced while open)
+		 * and must share its kernel inode, or writes through one
+		 * would not change the size the other shows.
 		 */
 		stale = true;
 	}

@@ -168,7 +168,7 @@ static void walk_from(struct ahead *a, struct cnode *n)
 static bool wanted(const struct cnode *n)
 {
 	return n->slot == S_PRESENT && n->st_valid && !n->orphan &&
-	       !n->hidden && !n->dirty && !n->ahead &&
+	       !n->hidden && !tree_file_dirty(n) && !n->ahead &&
 	       S_ISREG(n->st.st_mode) &&
 	       n->st.st_size <= (off_t)CACHE_WHOLE_FILE && !content_valid(n);
 }
@@ -277,7 +277,8 @@ static int job_item(const struct sbx_bulk_item *it, void *payload)
 	 * the agent read it with, when they are still the node's.
 	 */
 	if (j->gen == c->events && n->ahead && n->st_valid &&
-	    !n->dirty && !n->orphan && it->len == (size_t)it->st.st_size &&
+	    !tree_file_dirty(n) && !n->orphan &&
+	    it->len == (size_t)it->st.st_size &&
 	    same_file(&n->st, &it->st) && !content_valid(n)) {
 		content_store(c, n, it->data, it->len, &it->st);
 		/* Its reader waits for it: reading it confirms nothing. */

@@ -107,6 +107,14 @@ static void spill_forget(struct cache *c, struct content *ct)
 		}
 }
 
+void content_drop_file(struct cache *c, struct cnode *n)
+{
+	content_drop(c, n);
+	if (n->in_ring)
+		for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
+			content_drop(c, a);
+}
+
 void content_drop(struct cache *c, struct cnode *n)
 {
 	struct content *ct = n->content;

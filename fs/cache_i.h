@@ -548,6 +548,16 @@ void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st);
 void tree_invalidate_file(struct cnode *n);
 /* n is gone or another object now: leave its hard-link ring. */
 void tree_ring_leave(struct cache *c, struct cnode *n);
+/*
+ * Open files of n's file holding unpushed bytes: those counted on n and on
+ * its other names (a write through one name changes the size and content
+ * every name shows).  Attribute and content checks ask this; what is about
+ * a name itself (its slot, the path a push takes) asks n->dirty.
+ */
+unsigned tree_file_dirty(const struct cnode *n);
+/* How many of the names of n's file are hidden (silly renames) and still
+ * in the sandbox. */
+unsigned tree_hidden_names(const struct cnode *n);
 /* The link count the user should see (silly-renamed names hidden). */
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
 /* Invalidate everything below and including n (events were lost). */
@@ -559,6 +569,8 @@ bool tree_is_silly(const char *name);
 /* ---- cache_content.c: all with c->lock held ---------------------------- */
 
 void content_drop(struct cache *c, struct cnode *n);
+/* content_drop() of n and of its other names: the file's bytes changed. */
+void content_drop_file(struct cache *c, struct cnode *n);
 bool content_valid(const struct cnode *n);
 /* Keep `data` (copied) as n's content, taken as of attributes st. */
 void content_store(struct cache *c, struct cnode *n, const void *data,

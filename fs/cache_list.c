@@ -41,7 +41,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 		return 0;
 	}
 	n = tree_resolve(c, it->path, true);
-	if (n && !n->dirty) {
+	if (n && !tree_file_dirty(n)) {
 		tree_set_st(c, n, &it->st);
 		if (it->kind == SBX_BULK_DIR) {
 			/* Names not listed are gone; listed ones present.
@@ -54,7 +54,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 				if (tree_is_silly(it->entries[i].name))
 					continue;
 				k = tree_kid_get(n, it->entries[i].name);
-				if (!k->dirty)
+				if (!tree_file_dirty(k))
 					tree_name_st(c, n, it->entries[i].name,
 						     &it->entries[i].st);
 				else
@@ -143,7 +143,7 @@ static int list_entry(const char *name, const struct stat *st,
 		return 0;
 	cache_lock(l->c);
 	k = tree_kid_get(l->dir, name);
-	if (!k->dirty) {
+	if (!tree_file_dirty(k)) {
 		k = tree_name_st(l->c, l->dir, name, st);
 		if (l->gen != l->c->events)
 			k->st_valid = false; /* raced with a change */
@@ -223,7 +223,8 @@ static bool listing_usable(struct cache *c, struct cnode *n)
 		if (k->slot == S_UNKNOWN)
 			return false;
 		if (k->slot == S_PRESENT && !k->hidden &&
-		    (!k->st_valid || k->dirty || !cache_fresh(c, k->st_time)))
+		    (!k->st_valid || tree_file_dirty(k) ||
+		     !cache_fresh(c, k->st_time)))
 			return false;
 	}
 	return true;

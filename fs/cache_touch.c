@@ -86,7 +86,7 @@ static void touch_done(struct cache *c, struct sent *s)
 	n->touch_own_until = cache_now() + TOUCH_ECHO_GRACE;
 	pthread_mutex_lock(&c->touch->lock);
 	if (out->st_ino != 0 && out->st_ino == n->st.st_ino && n->st_valid &&
-	    !n->dirty && !n->touch_valid) {
+	    !tree_file_dirty(n) && !n->touch_valid) {
 		notify = memcmp(&out->st_mtim, &n->st.st_mtim,
 				sizeof(out->st_mtim)) != 0 ||
 			 memcmp(&out->st_atim, &n->st.st_atim,

@@ -268,7 +268,18 @@ void tree_invalidate_file(struct cnode *n)
 			a->st_valid = false;
 }
 
-nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
+unsigned tree_file_dirty(const struct cnode *n)
+{
+	unsigned dirty = n->dirty;
+
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next)
+			dirty += a->dirty;
+	return dirty;
+}
+
+unsigned tree_hidden_names(const struct cnode *n)
 {
 	unsigned hidden = n->hidden && n->slot != S_ABSENT;
 
@@ -277,6 +288,13 @@ nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
 		     a = a->ring_next)
 			if (a->hidden && a->slot != S_ABSENT)
 				hidden++;
+	return hidden;
+}
+
+nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
+{
+	unsigned hidden = tree_hidden_names(n);
+
 	return nlink > hidden ? nlink - hidden : 0;
 }
 

@@ -266,7 +266,8 @@ static void written(struct cache *c, struct cnode *n, const struct stat *st)
 	if (st && n->slot == S_PRESENT && st->st_ino == n->st.st_ino &&
 	    S_ISREG(st->st_mode))
 		tree_refresh_st(c, n, st);
-	content_drop(c, n);
+	/* Every name's: a read through another one must not see old bytes. */
+	content_drop_file(c, n);
 }
 
 /*
@@ -508,7 +509,7 @@ static int then_locked(struct cache *c, struct cfile *f,
 	cache_lock(c);
 	/* Only when f holds the node's only unpushed bytes, in one extent
 	 * (gaps filled from the image first). */
-	if (f->next && f->on_dirty && n->dirty == 1) {
+	if (f->next && f->on_dirty && tree_file_dirty(n) == 1) {
 		if (f->next > 1 && img_of(c, n) == f)
 			img_fill_gaps(f);
 		if (f->next == 1)
@@ -834,7 +835,8 @@ static void img_take(struct cache *c, struct cfile *f)
 	struct cnode *n = f->node;
 
 	img_forget(f);
-	if (n->dirty != 1 || !cache_healthy(c) || !S_ISREG(n->st.st_mode) ||
+	if (tree_file_dirty(n) != 1 || !cache_healthy(c) ||
+	    !S_ISREG(n->st.st_mode) ||
 	    !content_valid(n) || !n->content->data)
 		return;
 	f->img_base_len = n->content->len;
@@ -862,7 +864,7 @@ static void img_wrote(struct cfile *f, off_t end)
 /* c->lock held: the dirty file of n whose local image is good, or NULL. */
 static struct cfile *img_of(struct cache *c, struct cnode *n)
 {
-	if (n->dirty != 1 || !n->st_valid || !cache_healthy(c))
+	if (tree_file_dirty(n) != 1 || !n->st_valid || !cache_healthy(c))
 		return NULL;
 	for (struct cfile *f = c->dirty; f; f = f->dnext)
 		if (f->node == n)
@@ -972,8 +974,9 @@ static ssize_t take_write(struct cache *c, struct cfile *f,
 	 * f->wlock: two wlocks are never held at once.)
 	 */
 	cache_lock(c);
-	/* node->dirty counts its descriptors on c->dirty, f among them or not. */
-	others = f->node->dirty > (f->on_dirty ? 1u : 0u);
+	/* Descriptors of the file (any name) on c->dirty, f among them or
+	 * not. */
+	others = tree_file_dirty(f->node) > (f->on_dirty ? 1u : 0u);
 	cache_unlock(c);
 	if (others) {
 		rc = push_matching(c, f->node, NULL, f);
@@ -1032,7 +1035,7 @@ static ssize_t take_write(struct cache *c, struct cfile *f,
 	ext_add(f, data, size, off);
 	if (f->img)
 		img_wrote(f, off + (off_t)size);
-	content_drop(c, f->node);
+	content_drop_file(c, f->node);
 	cache_unlock(c);
 out:
 	pthread_mutex_unlock(&f->wlock);

@@ -1077,6 +1077,68 @@ static void test_listing_pushes_bytes_of_another_name(void **state)
 }
 
 /*
+ * Bytes buffered through one name of a hard-linked file: a lookup of
+ * another name must answer the size they make (the kernel applies a
+ * LOOKUP's attributes to its one inode of the file), not the size cached
+ * when the link was made.
+ */
+static void test_lookup_of_another_name_sees_buffered_bytes(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *b, *d, *made, *k;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	tc_settle(e);
+	d = tc_walk_path(e->cache, "d", false, &st);
+	assert_int_equal(tc_create(e, "b", O_EXCL, &b, &fh), 0);
+	assert_int_equal(e->ops->link(e->cache, b, d, "c", &made, &st), 0);
+	assert_int_equal(st.st_size, 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
+	assert_int_equal(e->ops->lookup(e->cache, d, "c", &k, &st), 0);
+	assert_int_equal(st.st_size, 5);
+	assert_int_equal(e->ops->getattr(e->cache, k, NULL, &st), 0);
+	assert_int_equal(st.st_size, 5);
+	e->ops->forget(e->cache, k);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, d);
+}
+
+/*
+ * A hard-linked file whose content is cached under one name, written
+ * through another: a read through the first must see the new bytes.
+ */
+static void test_read_through_another_name_after_a_write(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *a, *b;
+	struct sbx_file *fa, *fb;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_write(e->mem, "a", "old!!", 5), 0);
+	assert_int_equal(pmem_ext_link(e->mem, "a", "b"), 0);
+	tc_settle(e);
+	a = tc_walk_path(e->cache, "a", false, &st);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, a, O_RDONLY, &fa), 0);
+	assert_int_equal(e->ops->read(e->cache, fa, buf, sizeof(buf), 0), 5);
+	assert_memory_equal(buf, "old!!", 5);
+	assert_int_equal(tc_open(e, b, O_WRONLY, &fb), 0);
+	assert_int_equal(e->ops->write(e->cache, fb, "NEW", 3, 0), 3);
+	assert_int_equal(tc_close(e, fb), 0);
+	assert_true(tc_holds(e, "a", "NEW!!", 5));
+	assert_int_equal(e->ops->read(e->cache, fa, buf, sizeof(buf), 0), 5);
+	assert_memory_equal(buf, "NEW!!", 5);
+	assert_int_equal(tc_close(e, fa), 0);
+	e->ops->forget(e->cache, a);
+	e->ops->forget(e->cache, b);
+}
+
+/*
  * REGRESSION b: use after free.  Per file, one thread opens (O_TRUNC),
  * writes 4 KiB, closes, in a loop, while two threads getattr its node
  * (which pushes the buffered writes of whichever open file has some): a
@@ -1292,6 +1354,12 @@ int main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_listing_pushes_bytes_of_another_name, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_lookup_of_another_name_sees_buffered_bytes, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_read_through_another_name_after_a_write, setup,
 			teardown),
 		/* Last: under ASan a hit ends the process. */
 		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
