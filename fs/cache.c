@@ -311,6 +311,16 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	int rc;
 
 	(void)fh;
+	/* A directory removed through the mount, still open here (or some
+	 * process's working directory): what a local disk says, not
+	 * ENOENT. */
+	cache_lock(c);
+	if (n->gone_dir) {
+		*st = n->st;
+		cache_unlock(c);
+		return 0;
+	}
+	cache_unlock(c);
 	/* A file being written whose whole content we know: its size and
 	 * times are ours to tell. */
 	if (wb_local_getattr(c, n, st))

@@ -230,12 +230,17 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 		tree_refresh_st(c, from, st);
 	else
 		tree_invalidate_file(from);
+	/* The kernel takes the answer's link count for the file: hidden
+	 * names of it (another name removed while open) do not count. */
+	if (rc == 0)
+		st->st_nlink = tree_visible_nlink(CNODE(*out), st->st_nlink);
 	cache_unlock(c);
 	return rc;
 }
 
-/* After a name vanished from dir through us. */
-static void removed(struct cache *c, struct cnode *dir, const char *name)
+/* After a name vanished from dir through us (rmdir: is_dir). */
+static void removed(struct cache *c, struct cnode *dir, const char *name,
+		    bool is_dir)
 {
 	struct side_call *sc = side_tl();
 	struct cnode *k;
@@ -247,6 +252,8 @@ static void removed(struct cache *c, struct cnode *dir, const char *name)
 	k = tree_kid_find(dir, name);
 	if (k) {
 		k->slot = S_ABSENT;
+		if (is_dir)
+			tree_mark_gone_dir(k, true);
 		/* The file's other names have one link less. */
 		tree_invalidate_file(k);
 		content_drop(c, k);
@@ -268,6 +275,9 @@ static int remove_entry(struct cache *c, struct cnode *dir, const char *name,
 		rc = silly_rename(c, dir, name);
 		if (rc != 0)
 			return rc < 0 ? rc : 0;
+	} else {
+		/* Files unlinked while open must not keep it non-empty. */
+		silly_evict(c, dir, name);
 	}
 	rc = EXPECTING(c, dir, name,
 		       ON_INNER(c, dir, in,
@@ -276,7 +286,7 @@ static int remove_entry(struct cache *c, struct cnode *dir, const char *name,
 				       : c->inner->ops->unlink(c->inner, in,
 								name)));
 	if (rc == 0)
-		removed(c, dir, name);
+		removed(c, dir, name, is_dir);
 	return rc;
 }
 
@@ -310,14 +320,19 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (rc < 0)
 		return rc;
 	if (!(flags & RENAME_EXCHANGE)) {
-		bool keep;
+		bool keep, dir;
 
 		/* A replaced file that is open here must stay readable. */
 		cache_lock(c);
 		a = tree_kid_find(from, name);
 		b = tree_kid_find(to, newname);
 		keep = b && a != b && !(flags & RENAME_NOREPLACE);
+		dir = keep && S_ISDIR(b->st.st_mode);
 		cache_unlock(c);
+		/* A replaced directory must be empty: files unlinked while
+		 * open must not keep it so. */
+		if (dir)
+			silly_evict(c, to, newname);
 		if (keep) {
 			rc = silly_rename(c, to, newname);
 			if (rc < 0)
@@ -392,6 +407,7 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		if (b && b != a) {
 			/* The replaced object has no path any more. */
 			tree_orphan(c, b);
+			tree_mark_gone_dir(b, false);
 			tree_invalidate_file(b);
 		}
 		if (a) {

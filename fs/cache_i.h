@@ -186,6 +186,20 @@ struct cnode {
 	unsigned opens;       /* open files */
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
+	/* A hidden name whose removal is out (slot already S_ABSENT): its
+	 * link still counts in the sandbox's link count. */
+	bool unhiding;
+	/* A hidden name being moved out of a directory about to be removed
+	 * (silly_evict): its last close leaves the removal to the mover. */
+	bool moving;
+	/*
+	 * A directory removed through the mount (rmdir, or a rename over
+	 * it): its kernel inode may live on (an open descriptor, a shell's
+	 * working directory), and its attributes are the last ones known
+	 * with no link, as on a local disk.  Cleared when the node names an
+	 * object again (tree_set_st).
+	 */
+	bool gone_dir;
 	/*
 	 * Change events that named this file (any of its names), counted
 	 * even while it is dirty: a local image of its content taken at an
@@ -520,6 +534,9 @@ struct cnode *tree_kid_next(struct sbx_hashmap_iter *it);
 	     ((k) = tree_kid_next(&(it))) != NULL;)
 /* Detach k from its parent onto c->orphans: it has no path any more. */
 void tree_orphan(struct cache *c, struct cnode *k);
+/* k was removed through the mount (rmdir, or replaced by a rename): if
+ * a directory, it is gone_dir. */
+void tree_mark_gone_dir(struct cnode *k, bool rmdir);
 /* Rename k (a child of its parent) to name in dir (takes nothing). */
 void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name);
 /* Find (create: make) the node of a path relative to the root. */
@@ -800,5 +817,12 @@ void touch_stop(struct cache *c);
 int silly_rename(struct cache *c, struct cnode *dir, const char *name);
 /* The kernel closed f (RELEASE): remove a hidden file at its last close. */
 void silly_drop_open(struct cache *c, struct cfile *f);
+/*
+ * `name` in dir, a directory, is about to be removed or replaced: move the
+ * hidden names of open files in it to the root, so that it is as empty in
+ * the sandbox as it is to the user.  Best effort (a failed move leaves the
+ * removal to say ENOTEMPTY).  No lock held.
+ */
+void silly_evict(struct cache *c, struct cnode *dir, const char *name);
 
 #endif

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sbx/hashmap.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
 #include "cache_i.h"
@@ -60,6 +61,13 @@ static void wait_released(struct cache *c, struct cnode *n)
 		;
 }
 
+/* A hidden name still in the sandbox, not being moved (its mover removes
+ * it).  c->lock held. */
+static bool removable(const struct cnode *a)
+{
+	return a->hidden && a->slot != S_ABSENT && a->parent && !a->moving;
+}
+
 /*
  * Remove a silly-renamed file once nothing has it open.  c->lock held; it
  * is dropped for the removal.
@@ -72,13 +80,14 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	unsigned active;
 	int rc;
 
-	if (file_opens(n, &active) || !n->hidden || n->slot == S_ABSENT ||
-	    !n->parent)
+	if (file_opens(n, &active) || !removable(n))
 		return;
 	dir = tree_path(n->parent);
 	name = sbx_xstrdup(n->name);
 	n->slot = S_ABSENT;
+	n->unhiding = true;
 	cache_unlock(c);
+	sbx_debug("removing hidden %s/%s", dir ? dir : "?", name);
 	rc = dir ? cache_inner_node(c, dir, &in)
 		 : sbx_error_set(SBX_ERR_REMOTE, -ESTALE, "directory gone");
 	if (rc == 0) {
@@ -101,6 +110,12 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	free(dir);
 	free(name);
 	cache_lock(c);
+	n->unhiding = false;
+	/* The file's other names have one link less (or, on failure, the
+	 * count is the sandbox's to say). */
+	tree_invalidate_file(n);
+	/* An rmdir may be waiting for its directory to empty. */
+	pthread_cond_broadcast(&c->cond);
 }
 
 /*
@@ -116,13 +131,12 @@ static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
 	while (!file_opens(n, &active)) {
 		struct cnode *h = NULL;
 
-		if (n->hidden && n->slot != S_ABSENT && n->parent)
+		if (removable(n))
 			h = n;
 		else if (n->in_ring)
 			for (struct cnode *a = n->ring_next; a != n && !h;
 			     a = a->ring_next)
-				if (a->hidden && a->slot != S_ABSENT &&
-				    a->parent)
+				if (removable(a))
 					h = a;
 		if (!h)
 			return;
@@ -177,6 +191,8 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 		free(hidden);
 		return rc;
 	}
+	sbx_debug("hid %s (inode %llu, %u open) as %s", name,
+		  (unsigned long long)k->st.st_ino, opens, hidden);
 	cache_lock(c);
 	change_own_done(c);
 	tree_kid_move(k, dir, hidden);
@@ -206,4 +222,93 @@ void silly_drop_open(struct cache *c, struct cfile *f)
 		pthread_cond_broadcast(&c->cond);
 	unlink_hidden_file_locked(c, n);
 	cache_unlock(c);
+}
+
+/*
+ * A local disk removes a directory whose files are all unlinked, open or
+ * not; here their hidden names keep it non-empty (rmdir, or a rename over
+ * it: ENOTEMPTY, which `rm -r` of a build directory with a file still open
+ * in it would hit).  They move to the root, where the last close finds
+ * them as before: the root is never removed, and the open files' I/O
+ * takes each node's current path.
+ */
+void silly_evict(struct cache *c, struct cnode *dir, const char *name)
+{
+	struct timespec until;
+
+	cache_deadline_in(&until, CLOCK_REALTIME, RELEASE_WAIT_MS);
+	for (;;) {
+		struct cnode *d, *h = NULL, *k;
+		struct sbx_hashmap_iter it;
+		struct sbx_node *from = NULL, *to = NULL;
+		struct expect *e1, *e2;
+		char *dp, *hname;
+		bool removing = false;
+		int rc;
+
+		cache_lock(c);
+		d = tree_kid_find(dir, name);
+		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root)
+			tree_for_each_kid(k, it, d) {
+				removing |= k->hidden && k->unhiding;
+				if (k->hidden && k->slot != S_ABSENT &&
+				    !k->moving &&
+				    !tree_kid_find(&c->root, k->name)) {
+					h = k;
+					break;
+				}
+			}
+		if (!h && removing &&
+		    pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0) {
+			/* A last close is removing one (a close right
+			 * before the rmdir): look again once it is done. */
+			cache_unlock(c);
+			continue;
+		}
+		dp = h ? tree_path(d) : NULL;
+		if (!dp) {
+			cache_unlock(c);
+			return;
+		}
+		h->moving = true;
+		hname = sbx_xstrdup(h->name);
+		cache_unlock(c);
+
+		e1 = change_expect(c, d, hname);
+		e2 = change_expect(c, &c->root, hname);
+		rc = cache_inner_node(c, dp, &from);
+		if (rc == 0)
+			rc = cache_inner_node(c, "", &to);
+		if (rc == 0)
+			rc = c->inner->ops->rename(c->inner, from, hname, to,
+						   hname, RENAME_NOREPLACE);
+		if (from)
+			c->inner->ops->forget(c->inner, from);
+		if (to)
+			c->inner->ops->forget(c->inner, to);
+		if (rc < 0) {
+			change_expect_cancel(c, e1);
+			change_expect_cancel(c, e2);
+			sbx_debug("could not move %s/%s to the root: %s", dp,
+				  hname, sbx_error_last()->msg);
+			sbx_error_clear();
+		} else {
+			sbx_debug("moved %s/%s to the root", dp, hname);
+		}
+		cache_lock(c);
+		h->moving = false;
+		if (rc == 0) {
+			change_own_done(c);
+			tree_kid_move(h, &c->root, hname);
+			d->st_valid = false;
+			c->root.st_valid = false;
+		}
+		/* Closed meanwhile: nothing else will remove it. */
+		unlink_hidden_locked(c, h);
+		cache_unlock(c);
+		free(dp);
+		free(hname);
+		if (rc < 0)
+			return;
+	}
 }

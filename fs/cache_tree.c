@@ -279,14 +279,24 @@ unsigned tree_file_dirty(const struct cnode *n)
 	return dirty;
 }
 
+static bool hidden_in_sandbox(const struct cnode *a)
+{
+	return a->hidden && (a->slot != S_ABSENT || a->unhiding);
+}
+
+static bool visible_name(const struct cnode *a)
+{
+	return !a->hidden && !a->orphan && a->slot == S_PRESENT;
+}
+
 unsigned tree_hidden_names(const struct cnode *n)
 {
-	unsigned hidden = n->hidden && n->slot != S_ABSENT;
+	unsigned hidden = hidden_in_sandbox(n);
 
 	if (n->in_ring)
 		for (const struct cnode *a = n->ring_next; a != n;
 		     a = a->ring_next)
-			if (a->hidden && a->slot != S_ABSENT)
+			if (hidden_in_sandbox(a))
 				hidden++;
 	return hidden;
 }
@@ -294,8 +304,24 @@ unsigned tree_hidden_names(const struct cnode *n)
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
 {
 	unsigned hidden = tree_hidden_names(n);
+	nlink_t visible = nlink > hidden ? nlink - hidden : 0;
 
-	return nlink > hidden ? nlink - hidden : 0;
+	/*
+	 * A count fetched just after a hidden name's removal landed, and
+	 * taken apart before its `unhiding` was cleared, leaves that link
+	 * out twice: a file with a name the user sees has a link.
+	 */
+	if (visible == 0 && S_ISREG(n->st.st_mode)) {
+		bool named = visible_name(n);
+
+		if (n->in_ring)
+			for (const struct cnode *a = n->ring_next;
+			     a != n && !named; a = a->ring_next)
+				named = visible_name(a);
+		if (named)
+			visible = 1;
+	}
+	return visible;
 }
 
 /* ---- attributes ---------------------------------------------------------- */
@@ -313,6 +339,7 @@ void tree_set_st(struct cache *c, struct cnode *n, const struct stat *st)
 	n->st_valid = true;
 	n->st_time = cache_now();
 	n->slot = S_PRESENT;
+	n->gone_dir = false;
 	if (S_ISREG(st->st_mode) && st->st_nlink > 1)
 		ring_join(c, n, st->st_ino);
 	else if (n->in_ring && (n->ring_ino != st->st_ino ||
@@ -342,7 +369,9 @@ void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
  * or replaced), the daemon may still hold the old node for a kernel inode
  * (an open file, another hard link): it is detached, so that it keeps
  * leading to the old object through its other names (its ring) or to
- * nothing (ESTALE), and a new node takes the name.
+ * nothing (ESTALE), and a new node takes the name.  So does a directory
+ * removed through the mount (gone_dir), even when the sandbox gave its
+ * inode number to the new object.
  */
 struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 			   const char *name, const struct stat *st)
@@ -357,7 +386,8 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 	 * the old object through its other names or fail with ESTALE, which
 	 * the owner's fsync() or close() reports.
 	 */
-	if (k->st.st_ino && k->st.st_ino != st->st_ino && !k->hidden) {
+	if ((k->st.st_ino && k->st.st_ino != st->st_ino && !k->hidden) ||
+	    k->gone_dir) {
 		tree_orphan(c, k);
 		k->st_valid = false;
 		content_drop(c, k);
@@ -376,6 +406,18 @@ void tree_orphan(struct cache *c, struct cnode *k)
 	k->slot = S_ABSENT;
 	k->orphan_next = c->orphans;
 	c->orphans = k;
+}
+
+void tree_mark_gone_dir(struct cnode *k, bool rmdir)
+{
+	if (k->st.st_ino != 0 && S_ISDIR(k->st.st_mode)) {
+		k->gone_dir = true;
+		k->st.st_nlink = 0;
+		/* What ext4 says: rmdir empties the inode, a rename over it
+		 * leaves its size. */
+		if (rmdir)
+			k->st.st_size = 0;
+	}
 }
 
 /* ---- whole tree ---------------------------------------------------------- */

@@ -831,6 +831,36 @@ def test_linked_file_replaced_while_open_then_listed(sandbox):
         os.close(fd)
 
 
+@pytest.mark.providers("remote")
+@pytest.mark.remote_only("the data plane the mirrors share; one copy")
+@pytest.mark.parametrize("how", ["unlink", "rename_over", "fstat_first"])
+def test_seek_end_of_a_removed_file_with_buffered_bytes(sandbox, how):
+    """lseek(SEEK_END) of a file removed (or replaced) while open, with
+    bytes buffered: the end is the size those bytes make (a random run once
+    saw EINVAL: the kernel took an older, smaller size)."""
+    m = sandbox.mnt
+    (m / "f").write_bytes(b"0123456789" * 10)
+    fd = os.open(m / "f", os.O_RDWR)
+    try:
+        if how == "fstat_first":
+            os.fstat(fd)
+        assert os.pwrite(fd, b"x" * 500, 100) == 500
+        if how == "rename_over":
+            (m / "g").write_bytes(b"g")
+            os.rename(m / "g", m / "f")
+        else:
+            os.unlink(m / "f")
+        drop_dentries_and_inodes()
+        os.listdir(m)
+        assert os.fstat(fd).st_size == 600
+        assert os.lseek(fd, -50, os.SEEK_END) == 550
+        assert os.write(fd, b"y" * 70) == 70
+        assert os.lseek(fd, -10, os.SEEK_END) == 610
+        assert os.lseek(fd, 0, os.SEEK_END) == 620
+    finally:
+        os.close(fd)
+
+
 def drop_dentries_and_inodes():
     """Make the kernel forget unused dentries and inodes, so the next stat
     looks names up again.  No sync first: it would push buffered writes."""

@@ -182,6 +182,44 @@ def test_mkdir_rmdir(sandbox, plain_dir):
     assert obs[4] == "ENOTEMPTY"
 
 
+@pytest.mark.parametrize("how", ["rmdir", "rename_over"])
+def test_open_directory_removed(sandbox, plain_dir, how):
+    """A directory removed (or replaced by a rename) while a descriptor of
+    it is open: fstat says no link and size 0, it lists empty, nothing can
+    be made in it, and a new directory under its name is another one.
+    Remote sandboxes used to say ENOENT (or ESTALE after the rename)."""
+    def scen(d):
+        os.mkdir(d / "a", 0o750)
+        (d / "a" / "f").write_text("x")
+        os.unlink(d / "a" / "f")
+        fd = os.open(d / "a", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if how == "rmdir":
+                os.rmdir(d / "a")
+            else:
+                os.mkdir(d / "b", 0o700)
+                os.rename(d / "b", d / "a")
+            obs = [attempt(lambda: st_facts(os.fstat(fd)))]
+            obs.append(attempt(lambda: os.fstat(fd).st_size))
+            obs.append(attempt(os.listdir, fd))
+            obs.append(err_of(os.open, "f", os.O_CREAT | os.O_WRONLY, 0o600,
+                              dir_fd=fd))
+            obs.append(err_of(os.mkdir, "g", dir_fd=fd))
+            if how == "rmdir":
+                os.mkdir(d / "a", 0o700)
+            obs.append(lstat_facts(d / "a"))
+            obs.append(attempt(lambda: st_facts(os.fstat(fd))))
+            obs.append(sorted(os.listdir(d)))
+            return obs
+        finally:
+            os.close(fd)
+
+    obs = run_both(sandbox, plain_dir, scen, how)
+    assert obs[0] == ("ok", {"type": stat.S_IFDIR, "mode": 0o750,
+                             "size": "dir", "nlink": 0, "uid": 0, "gid": 0})
+    assert obs[2] == ("ok", [])
+
+
 def test_unlink(sandbox, plain_dir):
     def scen(d):
         f = d / "u"
@@ -1200,6 +1238,53 @@ def test_file_replaced_while_open_then_listed(sandbox):
     assert not (sandbox.worktree / "replaced").exists()
 
 
+def silly_names(root):
+    """Hidden names of files removed while open (remote sandboxes) left
+    anywhere below root."""
+    return sorted(os.path.relpath(os.path.join(dp, n), root)
+                  for dp, dns, fns in os.walk(root) for n in dns + fns
+                  if n.startswith(".sbx-silly."))
+
+
+@pytest.mark.parametrize("how", ["rmdir", "rename_over"])
+def test_directory_removed_with_a_file_open_in_it(sandbox, plain_dir, how):
+    """A directory whose only file was unlinked while open can be removed
+    (or replaced by a rename) at once, as on a local disk; the open file
+    still reads and writes, and its last close leaves nothing behind.
+    Remote sandboxes said ENOTEMPTY: the file's hidden name was in it."""
+    def scen(d):
+        (d / "t").mkdir()
+        (d / "t" / "f").write_bytes(b"data")
+        fd = os.open(d / "t" / "f", os.O_RDWR)
+        try:
+            os.unlink(d / "t" / "f")
+            if how == "rmdir":
+                obs = [err_of(os.rmdir, d / "t")]
+            else:
+                (d / "u").mkdir()
+                obs = [err_of(os.rename, d / "u", d / "t")]
+            obs.append(lstat_facts(d / "t"))
+            obs.append(sorted(os.listdir(d)))
+            obs.append(os.pread(fd, 10, 0))
+            obs.append(os.pwrite(fd, b"more", 4))
+            obs.append(os.pread(fd, 10, 0))
+            st = os.fstat(fd)
+            obs.append((st.st_size, st.st_nlink))
+        finally:
+            os.close(fd)
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen, how)
+    assert obs[0] == "ok"
+    assert obs[5] == b"datamore" and obs[6] == (8, 0)
+    # The last close (an asynchronous RELEASE) removes the hidden file.
+    deadline = time.monotonic() + 5
+    while silly_names(sandbox.worktree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert silly_names(sandbox.worktree) == []
+    assert ".sbx-silly" not in " ".join(os.listdir(sandbox.mnt))
+
+
 def test_linked_file_opened_after_its_first_name_went(sandbox, plain_dir):
     """link(c, b), unlink(c), open(b), unlink(b): the descriptor keeps the
     file, fsync and I/O through it work, and nothing is left once it is
@@ -1226,6 +1311,38 @@ def test_linked_file_opened_after_its_first_name_went(sandbox, plain_dir):
     assert obs[:4] == [("ok", 4), ("ok", None), ("ok", b"dataMORE"), 0], obs
     d = sandbox.mnt / "link-reopen"
     rmdir_once_released(d)
+
+
+def test_link_to_a_file_with_a_name_removed_while_open(sandbox, plain_dir):
+    """A file with one name removed while open (hidden on remote sandboxes)
+    gets a new link: the link count the link reports, and fstat after it,
+    leave the hidden name out (random tester, seed 766870628: 3 where a
+    local disk says 2)."""
+    def scen(d):
+        (d / "x").mkdir()
+        (d / "sub").mkdir()
+        fd1 = os.open(d / "x" / "a", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                      0o600)
+        try:
+            os.link(d / "x" / "a", d / "sub" / "a")
+            os.unlink(d / "x" / "a")
+            fd2 = os.open(d / "sub" / "a", os.O_RDWR | os.O_APPEND)
+            try:
+                os.link(d / "sub" / "a", d / "x" / "a")
+                obs = [os.fstat(fd2).st_nlink, os.fstat(fd1).st_nlink,
+                       os.stat(d / "x" / "a").st_nlink,
+                       os.stat(d / "sub" / "a").st_nlink]
+                os.unlink(d / "sub" / "a")
+                obs += [os.fstat(fd2).st_nlink, os.stat(d / "x" / "a").st_nlink]
+            finally:
+                os.close(fd2)
+        finally:
+            os.close(fd1)
+        obs.append(sorted(os.listdir(d / "x")))
+        return obs
+
+    obs = run_both(sandbox, plain_dir, scen, label="link-hidden")
+    assert obs[:6] == [2, 2, 2, 2, 1, 1], obs
 
 
 # The unlinked-but-open f7 once read ENOENT on remote sandboxes: the cache

@@ -1108,6 +1108,148 @@ static void test_lookup_of_another_name_sees_buffered_bytes(void **state)
 }
 
 /*
+ * A hard-linked file whose other name was removed while open (hidden): the
+ * link count the user sees leaves the hidden name out, and once the last
+ * close removes it the count must come from the sandbox again -- the
+ * attributes cached while it was there counted it (random tester, seed
+ * 193528780: fstat said 2 links, a local disk 1).
+ */
+static void test_link_count_after_hidden_name_removed(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *a, *b, *made;
+	struct sbx_file *fh, *fa;
+	struct stat st;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	assert_int_equal(st.st_nlink, 2);
+	e->ops->forget(e->cache, made);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	/* Hidden, still in the sandbox: 2 there, 1 for the user. */
+	assert_int_equal(pmem_ext_stat(e->mem, "a", &st), 0);
+	assert_int_equal(st.st_nlink, 2);
+	assert_int_equal(e->ops->getattr(e->cache, a, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "a", &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+	assert_int_equal(e->ops->getattr(e->cache, a, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+	assert_int_equal(e->ops->getattr(e->cache, b, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
+struct rmdir_call {
+	struct tc_env *e;
+	struct sbx_node *parent;
+	const char *name;
+	int rc;
+};
+
+static void *rmdir_main(void *arg)
+{
+	struct rmdir_call *r = arg;
+
+	r->rc = r->e->ops->rmdir(r->e->cache, r->parent, r->name);
+	return NULL;
+}
+
+/*
+ * rmdir of a directory whose only file was unlinked while open: its hidden
+ * name moves to the root and the rmdir succeeds.  The file's last close
+ * arrives while the move is out (parked after the rename, at the forget of
+ * the directory's wrapped node): the close must leave the removal to the
+ * mover, which removes it at its new place -- removed at the old one, it
+ * would say ENOENT and stay in the root for good.
+ */
+static void test_rmdir_moves_hidden_files_out(void **state)
+{
+	struct tc_env *e = *state;
+	struct rmdir_call r = { .e = e, .name = "s" };
+	struct sbx_node *dir, *f;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[160], moved[128];
+	pthread_t t;
+	int parked;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	f = tc_walk_path(e->cache, "s/f", false, &st);
+	snprintf(moved, sizeof(moved), ".sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	snprintf(hidden, sizeof(hidden), "s/%s", moved);
+	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+
+	r.parent = e->root;
+	assert_int_equal(pmem_gate_arm(e->mem, "forget", "s"), 0);
+	assert_int_equal(pthread_create(&t, NULL, rmdir_main, &r), 0);
+	parked = pmem_gate_wait(e->mem, WATCHDOG_S * 1000);
+	if (parked == 0) {
+		/* Moved already; the last close comes now. */
+		assert_int_equal(pmem_ext_stat(e->mem, moved, &st), 0);
+		assert_int_equal(tc_close(e, fh), 0);
+		fh = NULL;
+	}
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(parked, 0);
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "s", &st), -ENOENT);
+	assert_int_equal(pmem_ext_stat(e->mem, moved, &st), -ENOENT);
+	e->ops->forget(e->cache, f);
+	e->ops->forget(e->cache, dir);
+}
+
+/*
+ * A directory removed through the mount while the kernel still holds it (an
+ * open descriptor, a working directory): its attributes are the last ones
+ * with no link, not ENOENT, and a directory made under its name -- given
+ * the same inode number, which pmem reuses like ext4 -- is another node.
+ */
+static void test_removed_directory_keeps_its_attributes(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *d, *d2;
+	struct stat st, st2;
+	ino_t ino;
+
+	tc_settle(e);
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, "d", 0750, &d, &st),
+			 0);
+	ino = st.st_ino;
+	assert_int_equal(e->ops->rmdir(e->cache, e->root, "d"), 0);
+	assert_int_equal(e->ops->getattr(e->cache, d, NULL, &st), 0);
+	assert_true(S_ISDIR(st.st_mode));
+	assert_int_equal(st.st_mode & 07777, 0750);
+	assert_int_equal(st.st_nlink, 0);
+	assert_int_equal(st.st_size, 0);
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, "d", 0700, &d2,
+				       &st2),
+			 0);
+	assert_int_equal(st2.st_ino, ino);
+	assert_ptr_not_equal(d2, d);
+	assert_int_equal(e->ops->getattr(e->cache, d, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 0);
+	assert_int_equal(e->ops->getattr(e->cache, d2, NULL, &st2), 0);
+	assert_int_equal(st2.st_nlink, 2);
+	assert_int_equal(st2.st_mode & 07777, 0700);
+	e->ops->forget(e->cache, d2);
+	e->ops->forget(e->cache, d);
+}
+
+/*
  * A hard-linked file whose content is cached under one name, written
  * through another: a read through the first must see the new bytes.
  */
@@ -1362,6 +1504,14 @@ int main(void)
 			test_read_through_another_name_after_a_write, setup,
 			teardown),
 		/* Last: under ASan a hit ends the process. */
+		cmocka_unit_test_setup_teardown(
+			test_link_count_after_hidden_name_removed, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rmdir_moves_hidden_files_out, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_removed_directory_keeps_its_attributes, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_getattr_vs_release_uaf,
 						setup, teardown),
 	};
