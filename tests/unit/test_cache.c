@@ -1046,20 +1046,33 @@ static void test_open_through_a_removed_name_of_a_linked_file(void **state)
  * took the old size, and a read through another descriptor of the file
  * found nothing).
  */
-static void test_listing_pushes_bytes_of_another_name(void **state)
+/*
+ * A new empty file "b", open for writing (*fh), with a second name "d/c";
+ * *b and *d are the nodes of "b" and "d".
+ */
+static void linked_into_d(struct tc_env *e, struct sbx_node **b,
+			  struct sbx_node **d, struct sbx_file **fh)
 {
-	struct tc_env *e = *state;
-	struct sbx_node *b, *d, *made;
-	struct sbx_file *fh, *dh;
-	struct names l;
+	struct sbx_node *made;
 	struct stat st;
 
 	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
 	tc_settle(e);
-	d = tc_walk_path(e->cache, "d", false, &st);
-	assert_int_equal(tc_create(e, "b", O_EXCL, &b, &fh), 0);
-	assert_int_equal(e->ops->link(e->cache, b, d, "c", &made, &st), 0);
+	*d = tc_walk_path(e->cache, "d", false, &st);
+	assert_int_equal(tc_create(e, "b", O_EXCL, b, fh), 0);
+	assert_int_equal(e->ops->link(e->cache, *b, *d, "c", &made, &st), 0);
+	assert_int_equal(st.st_size, 0);
 	e->ops->forget(e->cache, made);
+}
+
+static void test_listing_pushes_bytes_of_another_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *b, *d;
+	struct sbx_file *fh, *dh;
+	struct names l;
+
+	linked_into_d(e, &b, &d, &fh);
 	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
 	memset(&l, 0, sizeof(l));
 	assert_int_equal(e->ops->opendir(e->cache, d, &dh), 0);
@@ -1085,17 +1098,11 @@ static void test_listing_pushes_bytes_of_another_name(void **state)
 static void test_lookup_of_another_name_sees_buffered_bytes(void **state)
 {
 	struct tc_env *e = *state;
-	struct sbx_node *b, *d, *made, *k;
+	struct sbx_node *b, *d, *k;
 	struct sbx_file *fh;
 	struct stat st;
 
-	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
-	tc_settle(e);
-	d = tc_walk_path(e->cache, "d", false, &st);
-	assert_int_equal(tc_create(e, "b", O_EXCL, &b, &fh), 0);
-	assert_int_equal(e->ops->link(e->cache, b, d, "c", &made, &st), 0);
-	assert_int_equal(st.st_size, 0);
-	e->ops->forget(e->cache, made);
+	linked_into_d(e, &b, &d, &fh);
 	assert_int_equal(e->ops->write(e->cache, fh, "hello", 5, 0), 5);
 	assert_int_equal(e->ops->lookup(e->cache, d, "c", &k, &st), 0);
 	assert_int_equal(st.st_size, 5);
