@@ -264,6 +264,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	}
 	if (known_absent_locked(c, dir, k)) {
 		cache_unlock(c);
+		sbx_debug("lookup of '%s': absent (cached)", name);
 		return sbx_error_set(SBX_ERR_REMOTE, -ENOENT, "no '%s'", name);
 	}
 	path = cache_unlock_path(c, tree_child_path(dir, name), &gen,
@@ -271,6 +272,8 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	if (!path)
 		return -ESTALE;
 	rc = cache_inner_stat(c, path, &fst);
+	if (rc == -ENOENT)
+		sbx_debug("lookup of '%s': absent in the sandbox", path);
 	free(path);
 	cache_lock(c);
 	if (rc == -ENOENT) {

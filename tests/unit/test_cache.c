@@ -1153,6 +1153,45 @@ static void test_link_count_after_hidden_name_removed(void **state)
 	e->ops->forget(e->cache, a);
 }
 
+/*
+ * A rename onto a name that is open here (through another name of the same
+ * file) but that was removed behind the mount: nothing is left to hide, and
+ * the rename must go on (random tester, seed 983871424: it said ENOENT, the
+ * silly rename's answer).
+ */
+static void test_rename_onto_a_name_removed_behind_the_mount(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *a, *b, *made, *x;
+	struct sbx_file *fa, *fh;
+	struct stat st;
+	char buf[8];
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(e->ops->write(e->cache, fa, "aaa", 3, 0), 3);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDONLY, &fh), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "c", "ccc", 3), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "b"), 0);
+	tc_settle(e);
+	x = tc_walk_path(e->cache, "c", false, &st);
+	e->ops->forget(e->cache, x);
+	assert_int_equal(e->ops->rename(e->cache, e->root, "c", e->root, "b",
+					0),
+			 0);
+	assert_true(tc_holds(e, "b", "ccc", 3));
+	assert_true(tc_holds(e, "a", "aaa", 3));
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 3);
+	assert_memory_equal(buf, "aaa", 3);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
 struct rmdir_call {
 	struct tc_env *e;
 	struct sbx_node *parent;
@@ -1513,6 +1552,9 @@ int main(void)
 		/* Last: under ASan a hit ends the process. */
 		cmocka_unit_test_setup_teardown(
 			test_link_count_after_hidden_name_removed, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rename_onto_a_name_removed_behind_the_mount, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rmdir_moves_hidden_files_out, setup, teardown),
