@@ -314,16 +314,6 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	int rc;
 
 	(void)fh;
-	/* A directory removed through the mount, still open here (or some
-	 * process's working directory): what a local disk says, not
-	 * ENOENT. */
-	cache_lock(c);
-	if (n->gone_dir) {
-		*st = n->st;
-		cache_unlock(c);
-		return 0;
-	}
-	cache_unlock(c);
 	/* A file being written whose whole content we know: its size and
 	 * times are ours to tell. */
 	if (wb_local_getattr(c, n, st))
@@ -334,6 +324,14 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	if (rc < 0)
 		return rc;
 	cache_lock(c);
+	/* A directory removed through the mount, still open here (or some
+	 * process's working directory): what a local disk says, not ENOENT.
+	 * (Never dirty: the two calls above did nothing for it.) */
+	if (n->gone_dir) {
+		*st = n->st;
+		cache_unlock(c);
+		return 0;
+	}
 	if (n->st_valid && !tree_file_dirty(n) && cache_fresh(c, n->st_time)) {
 		*st = n->st;
 		st->st_nlink = tree_visible_nlink(n, st->st_nlink);

@@ -266,8 +266,7 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 				/* A name the user sees: the removal will say
 				 * ENOTEMPTY anyway, move nothing. */
 				others |= !k->hidden && k->slot == S_PRESENT;
-				if (!h && k->hidden && k->slot != S_ABSENT &&
-				    !k->moving &&
+				if (!h && removable(k) &&
 				    !tree_kid_find(&c->root, k->name))
 					h = k;
 			}
