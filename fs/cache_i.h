@@ -189,6 +189,9 @@ struct cnode {
 	/* A hidden name whose removal is out (slot already S_ABSENT): its
 	 * link still counts in the sandbox's link count. */
 	bool unhiding;
+	/* Removals of this hidden name started or ended: a link count
+	 * fetched across one of them is unsettled (tree_file_unhides). */
+	unsigned unhides;
 	/* A hidden name being moved out of a directory about to be removed
 	 * (silly_evict): its last close leaves the removal to the mover. */
 	bool moving;
@@ -577,6 +580,15 @@ unsigned tree_file_dirty(const struct cnode *n);
 unsigned tree_hidden_names(const struct cnode *n);
 /* The link count the user should see (silly-renamed names hidden). */
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
+/*
+ * Removals of hidden names of n's file started or ended so far (a sum
+ * that moves with each), and whether one is out now.  A link count the
+ * sandbox gave while it moved, or with one out, may or may not count the
+ * name, so tree_visible_nlink() cannot take it apart: fetch it again once
+ * the removal is done (cache_settled_stat()).  c->lock held.
+ */
+unsigned tree_file_unhides(const struct cnode *n);
+bool tree_file_unhiding(const struct cnode *n);
 /* Invalidate everything below and including n (events were lost). */
 void tree_forget_all(struct cnode *n);
 /* Free the subtree of n (not n itself) and n's own allocations. */

@@ -234,6 +234,35 @@ void tree_ring_leave(struct cache *c, struct cnode *n)
 	n->in_ring = false;
 }
 
+/* Can ring member a still be a name of its file in the sandbox? */
+static bool ring_member_alive(const struct cnode *a)
+{
+	return a->slot != S_ABSENT || a->unhiding;
+}
+
+/*
+ * The ring headed by `head` when none of its members can still name a
+ * file: its file is gone, and the sandbox may give the inode number to a
+ * new file (ext4 does, soon), whose names must not be tied to the dead
+ * ones -- pushes picked by directory, link counts and the name a node's
+ * I/O takes would mix the two files (random tester, seed 388538268).
+ * Its members leave it.  c->lock held.
+ */
+static bool ring_dissolve_dead(struct cache *c, struct cnode *head)
+{
+	struct cnode *a = head;
+
+	do {
+		if (ring_member_alive(a))
+			return false;
+		a = a->ring_next;
+	} while (a != head);
+	while (head->in_ring)
+		tree_ring_leave(c, head->ring_next != head ? head->ring_next
+							   : head);
+	return true;
+}
+
 /* Tie n to the other names of inode `ino` (n's attributes say nlink > 1). */
 static void ring_join(struct cache *c, struct cnode *n, ino_t ino)
 {
@@ -246,6 +275,9 @@ static void ring_join(struct cache *c, struct cnode *n, ino_t ino)
 		tree_ring_leave(c, n);
 	}
 	hn = sbx_hashmap_find(&c->rings, ring_hash(ino), ring_eq, &ino);
+	if (hn && ring_dissolve_dead(c, sbx_hashmap_entry(hn, struct cnode,
+							   ring_node)))
+		hn = NULL;
 	n->in_ring = true;
 	n->ring_ino = ino;
 	if (!hn) {
@@ -299,6 +331,29 @@ unsigned tree_hidden_names(const struct cnode *n)
 			if (hidden_in_sandbox(a))
 				hidden++;
 	return hidden;
+}
+
+unsigned tree_file_unhides(const struct cnode *n)
+{
+	unsigned sum = n->unhides;
+
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next)
+			sum += a->unhides;
+	return sum;
+}
+
+bool tree_file_unhiding(const struct cnode *n)
+{
+	if (n->unhiding)
+		return true;
+	if (n->in_ring)
+		for (const struct cnode *a = n->ring_next; a != n;
+		     a = a->ring_next)
+			if (a->unhiding)
+				return true;
+	return false;
 }
 
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
@@ -386,8 +441,17 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 	 * the old object through its other names or fail with ESTALE, which
 	 * the owner's fsync() or close() reports.
 	 */
+	/*
+	 * A removed name of a hard-linked file that now names a file with
+	 * one link: that is another file (with the inode number of the old
+	 * one, which the sandbox reused), not the old file's ring.  The old
+	 * node keeps the ring, for any descriptor still open on it.
+	 */
+	bool reused = k->slot == S_ABSENT && k->in_ring && !k->hidden &&
+		      S_ISREG(st->st_mode) && st->st_nlink == 1;
+
 	if ((k->st.st_ino && k->st.st_ino != st->st_ino && !k->hidden) ||
-	    k->gone_dir) {
+	    k->gone_dir || reused) {
 		tree_orphan(c, k);
 		k->st_valid = false;
 		content_drop(c, k);

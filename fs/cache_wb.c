@@ -751,7 +751,9 @@ static bool file_named(const struct cnode *n, const struct cnode *want,
 	const struct cnode *a = n;
 
 	do {
-		if (a == want || (dir && a->parent == dir))
+		/* A removed name of it is no child of dir's any more. */
+		if (a == want ||
+		    (dir && a->parent == dir && a->slot != S_ABSENT))
 			return true;
 		a = a->in_ring ? a->ring_next : n;
 	} while (a != n);

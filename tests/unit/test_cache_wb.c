@@ -425,6 +425,140 @@ static void test_write_at_through_an_append_file(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/* ---- hard links and reused inode numbers --------------------------------- */
+
+/* mkdir root/name through the cache. */
+static struct sbx_node *mkdir_root(struct tc_env *e, const char *name)
+{
+	struct sbx_node *d;
+	struct stat st;
+
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, name, 0755, &d, &st),
+			 0);
+	return d;
+}
+
+/* opendir + releasedir of dir: what `ls` costs in pushes. */
+static int list_dir(struct tc_env *e, struct sbx_node *dir)
+{
+	struct sbx_file *dh;
+	int rc = e->ops->opendir(e->cache, dir, &dh);
+
+	if (rc == 0)
+		assert_int_equal(e->ops->releasedir(e->cache, dh), 0);
+	return rc;
+}
+
+/*
+ * A hard-linked file whose names are all removed frees its inode number,
+ * and the in-memory sandbox gives it to the next file at once (ext4 does,
+ * soon).  When that file gets a second name, it is another file: listing
+ * the directory of the dead names must not push its bytes (random tester,
+ * seed 388538268: opendir said ENOENT when such a push failed).
+ */
+static void test_reused_inode_number_is_another_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *d1, *a, *b, *x, *y;
+	struct sbx_open_result res;
+	struct sbx_file *fx;
+	struct stat st, sa;
+
+	tc_settle(e);
+	d1 = mkdir_root(e, "d1");
+	assert_int_equal(e->ops->create(e->cache, d1, "a", 0644,
+					O_CREAT | O_EXCL | O_WRONLY, &a, &sa,
+					&res),
+			 0);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	assert_int_equal(e->ops->link(e->cache, a, d1, "b", &b, &st), 0);
+	assert_int_equal(st.st_nlink, 2);
+	assert_int_equal(e->ops->unlink(e->cache, d1, "a"), 0);
+	assert_int_equal(e->ops->unlink(e->cache, d1, "b"), 0);
+	/* The number comes back for x, which then gets a second name. */
+	assert_int_equal(tc_create(e, "x", O_EXCL, &x, &fx), 0);
+	assert_int_equal(e->ops->getattr(e->cache, x, fx, &st), 0);
+	assert_int_equal(st.st_ino, sa.st_ino);
+	assert_int_equal(e->ops->link(e->cache, x, e->root, "y", &y, &st), 0);
+	assert_int_equal(e->ops->write(e->cache, fx, "x", 1, 0), 1);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(list_dir(e, d1), 0);
+	assert_int_equal(pmem_calls(e->mem, "write") +
+				 pmem_calls(e->mem, "write_then"),
+			 0);
+	assert_int_equal(tc_close(e, fx), 0);
+	assert_true(tc_holds(e, "y", "x", 1));
+	e->ops->forget(e->cache, a);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, x);
+	e->ops->forget(e->cache, y);
+	e->ops->forget(e->cache, d1);
+}
+
+/*
+ * The same with one dead name removed behind the mount (so the cache only
+ * knows it may be gone) and the other, removed through the mount, coming
+ * back as the name of a new file with the reused number: the new file is
+ * not tied to the old name.
+ */
+static void test_removed_name_back_as_another_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *d2, *a, *a2, *b;
+	struct sbx_file *fa;
+	struct stat st, sa;
+
+	tc_settle(e);
+	d2 = mkdir_root(e, "d2");
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->getattr(e->cache, a, NULL, &sa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, d2, "b", &b, &st), 0);
+	assert_int_equal(tc_unlink(e, "a"), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "d2/b"), 0);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	/* a again: a new file, with the number of the old one. */
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a2, &fa), 0);
+	assert_int_equal(e->ops->getattr(e->cache, a2, fa, &st), 0);
+	assert_int_equal(st.st_ino, sa.st_ino);
+	assert_int_equal(st.st_nlink, 1);
+	assert_int_equal(e->ops->write(e->cache, fa, "new", 3, 0), 3);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(list_dir(e, d2), 0);
+	assert_int_equal(pmem_calls(e->mem, "write") +
+				 pmem_calls(e->mem, "write_then"),
+			 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_true(tc_holds(e, "a", "new", 3));
+	e->ops->forget(e->cache, a);
+	e->ops->forget(e->cache, a2);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, d2);
+}
+
+/*
+ * A push that fails before a listing (readdirplus wants every size) keeps
+ * its bytes and its error for the file's owner; the listing goes on.
+ */
+static void test_listing_survives_a_failed_push(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+
+	tc_settle(e);
+	assert_int_equal(tc_create(e, "f", O_EXCL, &n, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "data", 4, 0), 4);
+	assert_int_equal(pmem_fail(e->mem, "write", -EIO, 1), 0);
+	assert_int_equal(list_dir(e, e->root), 0);
+	assert_int_equal(pmem_calls(e->mem, "write"), 1);
+	/* The owner is told, and nothing is lost. */
+	assert_int_equal(e->ops->fsync(e->cache, fh, false), 0);
+	assert_true(tc_holds(e, "f", "data", 4));
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -451,6 +585,15 @@ int main(void)
 			tc_teardown),
 		cmocka_unit_test_setup_teardown(
 			test_write_at_through_an_append_file, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_reused_inode_number_is_another_file, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_removed_name_back_as_another_file, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_listing_survives_a_failed_push, tc_setup,
 			tc_teardown),
 	};
 
