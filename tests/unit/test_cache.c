@@ -1153,6 +1153,39 @@ static void test_link_count_after_hidden_name_removed(void **state)
 	e->ops->forget(e->cache, a);
 }
 
+/*
+ * A link through one name of a hard-linked file: every other name has one
+ * link more, including a name whose count the cache holds (random tester,
+ * seed 50470031: stat said 2 links where a local disk says 3).
+ */
+static void test_link_counts_for_every_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *a, *b, *made;
+	struct sbx_file *fa;
+	struct stat st;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->watch_sync(e->cache), 0);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(e->ops->getattr(e->cache, b, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 2);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "c", &made, &st),
+			 0);
+	assert_int_equal(st.st_nlink, 3);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->getattr(e->cache, b, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 3);
+	assert_int_equal(e->ops->getattr(e->cache, a, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 3);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
 struct getattr_job {
 	struct tc_env *e;
 	struct sbx_node *n;
@@ -1614,6 +1647,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_link_count_fetched_across_a_hidden_removal, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_link_counts_for_every_name,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rename_onto_a_name_removed_behind_the_mount, setup,
 			teardown),
