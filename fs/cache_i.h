@@ -585,7 +585,7 @@ nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
  * that moves with each), and whether one is out now.  A link count the
  * sandbox gave while it moved, or with one out, may or may not count the
  * name, so tree_visible_nlink() cannot take it apart: fetch it again once
- * the removal is done (cache_settled_stat()).  c->lock held.
+ * the removal is done (count_unsettled(), cache.c).  c->lock held.
  */
 unsigned tree_file_unhides(const struct cnode *n);
 bool tree_file_unhiding(const struct cnode *n);

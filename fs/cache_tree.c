@@ -432,15 +432,6 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 			   const char *name, const struct stat *st)
 {
 	struct cnode *k = tree_kid_get(dir, name);
-
-	/*
-	 * Even with buffered writes: they were made to the old object, and
-	 * pushed through this name they would land in the new one (a name
-	 * renamed or removed behind us, or by a call whose answer an outage
-	 * lost, then made anew through the mount).  Detached, they reach
-	 * the old object through its other names or fail with ESTALE, which
-	 * the owner's fsync() or close() reports.
-	 */
 	/*
 	 * A removed name of a hard-linked file that now names a file with
 	 * one link: that is another file (with the inode number of the old
@@ -450,6 +441,14 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 	bool reused = k->slot == S_ABSENT && k->in_ring && !k->hidden &&
 		      S_ISREG(st->st_mode) && st->st_nlink == 1;
 
+	/*
+	 * Even with buffered writes: they were made to the old object, and
+	 * pushed through this name they would land in the new one (a name
+	 * renamed or removed behind us, or by a call whose answer an outage
+	 * lost, then made anew through the mount).  Detached, they reach
+	 * the old object through its other names or fail with ESTALE, which
+	 * the owner's fsync() or close() reports.
+	 */
 	if ((k->st.st_ino && k->st.st_ino != st->st_ino && !k->hidden) ||
 	    k->gone_dir || reused) {
 		tree_orphan(c, k);
