@@ -227,7 +227,7 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 	/*
 	 * Every other name of the file has one link more (and a new
 	 * ctime): a count cached for one of them said one link too few
-	 * (random tester, seed 50470031: stat said 2 links, a local disk
+	 * (random tester, seed 450131391: fstat said 2 links, a local disk
 	 * 3).  Then both names lead to one file: the first one joins the
 	 * ring (tree_set_st), so its inode still works once it is removed.
 	 */

@@ -1156,7 +1156,7 @@ static void test_link_count_after_hidden_name_removed(void **state)
 /*
  * A link through one name of a hard-linked file: every other name has one
  * link more, including a name whose count the cache holds (random tester,
- * seed 50470031: stat said 2 links where a local disk says 3).
+ * seed 450131391: fstat said 2 links where a local disk says 3).
  */
 static void test_link_counts_for_every_name(void **state)
 {
