@@ -186,11 +186,13 @@ struct cnode {
 	unsigned opens;       /* open files */
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
-	/* A hidden name whose removal is out (slot already S_ABSENT): its
-	 * link still counts in the sandbox's link count. */
-	bool unhiding;
-	/* Removals of this hidden name started or ended: a link count
-	 * fetched across one of them is unsettled (tree_file_unhides). */
+	/*
+	 * Removals of this hidden name started or ended (two each): odd
+	 * while one is out (cnode_unhiding) -- the slot is already S_ABSENT
+	 * but the link still counts in the sandbox's link count -- and a
+	 * link count fetched across a change of it is unsettled
+	 * (tree_file_unhides).
+	 */
 	unsigned unhides;
 	/* A hidden name being moved out of a directory about to be removed
 	 * (silly_evict): its last close leaves the removal to the mover. */
@@ -355,6 +357,20 @@ struct cache {
 	bool stopping;
 	pthread_cond_t flusher_cond;
 };
+
+/* A removal of hidden name n is out (see cnode.unhides). */
+static inline bool cnode_unhiding(const struct cnode *n)
+{
+	return n->unhides & 1;
+}
+
+/*
+ * Every name of n's file: n itself, then the other members of its
+ * hard-link ring.  Declares `a` (const); c->lock held.
+ */
+#define tree_for_each_name(a, n)                                          \
+	for (const struct cnode *a = (n); a;                              \
+	     a = a->in_ring && a->ring_next != (n) ? a->ring_next : NULL)
 
 #define CACHE(sb) ((struct cache *)(sb))
 #define CNODE(n) ((struct cnode *)(n))

@@ -36,15 +36,13 @@
  */
 static unsigned file_opens(const struct cnode *n, unsigned *active)
 {
-	unsigned opens = n->opens;
+	unsigned opens = 0;
 
-	*active = n->active;
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next) {
-			opens += a->opens;
-			*active += a->active;
-		}
+	*active = 0;
+	tree_for_each_name(a, n) {
+		opens += a->opens;
+		*active += a->active;
+	}
 	return opens;
 }
 
@@ -85,8 +83,7 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	dir = tree_path(n->parent);
 	name = sbx_xstrdup(n->name);
 	n->slot = S_ABSENT;
-	n->unhiding = true;
-	n->unhides++;
+	n->unhides++; /* out: cnode_unhiding() */
 	cache_unlock(c);
 	sbx_debug("removing hidden %s/%s", dir ? dir : "?", name);
 	rc = dir ? cache_inner_node(c, dir, &in)
@@ -111,8 +108,7 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	free(dir);
 	free(name);
 	cache_lock(c);
-	n->unhiding = false;
-	n->unhides++;
+	n->unhides++; /* done */
 	/* The file's other names have one link less (or, on failure, the
 	 * count is the sandbox's to say). */
 	tree_invalidate_file(n);
@@ -264,7 +260,7 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 		d = tree_kid_find(dir, name);
 		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root)
 			tree_for_each_kid(k, it, d) {
-				removing |= k->hidden && k->unhiding;
+				removing |= k->hidden && cnode_unhiding(k);
 				/* A name the user sees: the removal will say
 				 * ENOTEMPTY anyway, move nothing. */
 				others |= !k->hidden && k->slot == S_PRESENT;

@@ -237,7 +237,7 @@ void tree_ring_leave(struct cache *c, struct cnode *n)
 /* Can ring member a still be a name of its file in the sandbox? */
 static bool ring_member_alive(const struct cnode *a)
 {
-	return a->slot != S_ABSENT || a->unhiding;
+	return a->slot != S_ABSENT || cnode_unhiding(a);
 }
 
 /*
@@ -302,18 +302,16 @@ void tree_invalidate_file(struct cnode *n)
 
 unsigned tree_file_dirty(const struct cnode *n)
 {
-	unsigned dirty = n->dirty;
+	unsigned dirty = 0;
 
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next)
-			dirty += a->dirty;
+	tree_for_each_name(a, n)
+		dirty += a->dirty;
 	return dirty;
 }
 
 static bool hidden_in_sandbox(const struct cnode *a)
 {
-	return a->hidden && (a->slot != S_ABSENT || a->unhiding);
+	return a->hidden && (a->slot != S_ABSENT || cnode_unhiding(a));
 }
 
 static bool visible_name(const struct cnode *a)
@@ -323,36 +321,27 @@ static bool visible_name(const struct cnode *a)
 
 unsigned tree_hidden_names(const struct cnode *n)
 {
-	unsigned hidden = hidden_in_sandbox(n);
+	unsigned hidden = 0;
 
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next)
-			if (hidden_in_sandbox(a))
-				hidden++;
+	tree_for_each_name(a, n)
+		hidden += hidden_in_sandbox(a);
 	return hidden;
 }
 
 unsigned tree_file_unhides(const struct cnode *n)
 {
-	unsigned sum = n->unhides;
+	unsigned sum = 0;
 
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next)
-			sum += a->unhides;
+	tree_for_each_name(a, n)
+		sum += a->unhides;
 	return sum;
 }
 
 bool tree_file_unhiding(const struct cnode *n)
 {
-	if (n->unhiding)
-		return true;
-	if (n->in_ring)
-		for (const struct cnode *a = n->ring_next; a != n;
-		     a = a->ring_next)
-			if (a->unhiding)
-				return true;
+	tree_for_each_name(a, n)
+		if (cnode_unhiding(a))
+			return true;
 	return false;
 }
 
@@ -363,19 +352,15 @@ nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
 
 	/*
 	 * A count fetched just after a hidden name's removal landed, and
-	 * taken apart before its `unhiding` was cleared, leaves that link
+	 * taken apart before its removal was marked done, leaves that link
 	 * out twice: a file with a name the user sees has a link.
 	 */
-	if (visible == 0 && S_ISREG(n->st.st_mode)) {
-		bool named = visible_name(n);
-
-		if (n->in_ring)
-			for (const struct cnode *a = n->ring_next;
-			     a != n && !named; a = a->ring_next)
-				named = visible_name(a);
-		if (named)
-			visible = 1;
-	}
+	if (visible == 0 && S_ISREG(n->st.st_mode))
+		tree_for_each_name(a, n)
+			if (visible_name(a)) {
+				visible = 1;
+				break;
+			}
 	return visible;
 }
 

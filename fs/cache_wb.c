@@ -748,15 +748,11 @@ struct pick {
 static bool file_named(const struct cnode *n, const struct cnode *want,
 		       const struct cnode *dir)
 {
-	const struct cnode *a = n;
-
-	do {
+	tree_for_each_name(a, n)
 		/* A removed name of it is no child of dir's any more. */
 		if (a == want ||
 		    (dir && a->parent == dir && a->slot != S_ABSENT))
 			return true;
-		a = a->in_ring ? a->ring_next : n;
-	} while (a != n);
 	return false;
 }
 
