@@ -1166,6 +1166,35 @@ static bool c_watch_healthy(struct sbx_sandbox *sb)
 	return cache_healthy(CACHE(sb));
 }
 
+/*
+ * Does a name in removed node n's ring still name the file, so that
+ * `fresh` (just found with attributes st) is that file under another name
+ * and shares its kernel inode?  Yes when fresh is in the ring, or another
+ * member is in the sandbox.  A member whose state is UNKNOWN (an event
+ * about its name came, late: the event of a create without O_EXCL is not
+ * expected) proves nothing when st says the file has one name and fresh
+ * is not in the ring: then that name is gone and the sandbox gave the
+ * dead file's number to another file, which must not take over the dead
+ * file's kernel inode (its I/O would take the dead names' paths: ESTALE).
+ * c->lock held.
+ */
+static bool ring_names_file(struct cnode *n, struct cnode *fresh,
+			    const struct stat *st)
+{
+	bool sole = S_ISREG(st->st_mode) && st->st_nlink <= 1;
+
+	if (!n->in_ring)
+		return false;
+	for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
+		if (a == fresh)
+			return true;
+	for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
+		if (!a->orphan && (a->slot == S_PRESENT ||
+				   (a->slot == S_UNKNOWN && !sole)))
+			return true;
+	return false;
+}
+
 static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
 			 struct sbx_node *fresh, const struct stat *st)
 {
@@ -1176,13 +1205,19 @@ static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
 	if (old == fresh)
 		return false;
 	cache_lock(c);
-	if (n->slot == S_ABSENT || n->orphan) {
+	if ((n->slot == S_ABSENT || n->orphan) && n->st.st_mode &&
+	    (n->st.st_mode & S_IFMT) != (st->st_mode & S_IFMT)) {
+		/*
+		 * A removed file's number given to a directory (or the
+		 * reverse): never the same object, whatever its other names
+		 * look like (random tester, seeds 105502626 and 777222215:
+		 * the kernel's inode of a new directory was a dead file's
+		 * node, and mkdir or open(O_CREAT) in it said ESTALE or
+		 * ENOENT).
+		 */
 		stale = true;
-		if (n->in_ring)
-			for (struct cnode *a = n->ring_next; a != n;
-			     a = a->ring_next)
-				if (a->slot != S_ABSENT && !a->orphan)
-					stale = false;
+	} else if (n->slot == S_ABSENT || n->orphan) {
+		stale = !ring_names_file(n, CNODE(fresh), st);
 	} else if (S_ISDIR(st->st_mode) ||
 		   (st->st_nlink <= 1 &&
 		    !(n->st.st_ino == st->st_ino && tree_hidden_names(n)))) {

@@ -48,6 +48,8 @@
 #ifndef FS_CACHE_H
 #define FS_CACHE_H
 
+#include <stddef.h>
+
 #include "sbx/error.h"
 
 struct sbx_sandbox;
@@ -59,5 +61,13 @@ struct sbx_sandbox;
  */
 SBX_WUR int fs_cache_new(struct sbx_sandbox **out, struct sbx_sandbox *inner,
 			 const char *disk_dir);
+
+/*
+ * How many entry events of its own calls the cache `sb` (made by
+ * fs_cache_new()) still waits for: each is dropped when it comes or its
+ * call fails.  For tests and debugging: once the change stream has caught
+ * up (watch_sync) and no call is out, it is 0.
+ */
+size_t fs_cache_expected_events(struct sbx_sandbox *sb);
 
 #endif

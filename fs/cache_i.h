@@ -783,7 +783,9 @@ void fresh_stats(struct cache *c, struct fresh_stats *out);
 
 /* ---- cache_change.c ---------------------------------------------------- */
 
-/* Expect the entry event of our own change of dir/name (no lock held). */
+/* Expect the entry event of our own change of dir/name (no lock held).
+ * NULL (nothing to cancel) while the stream is off, and for our hidden
+ * names, whose events are never matched. */
 struct expect *change_expect(struct cache *c, const struct cnode *dir,
 			     const char *name);
 /* The change failed: no event will come for it (no lock held). */
