@@ -215,6 +215,22 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 			 */
 			struct cnode *k = tree_kid_get(dir, name);
 
+			/*
+			 * A removed name of a hard-linked file stays in the
+			 * file's ring for descriptors open through it.
+			 * Whatever the name holds now is not known to be
+			 * that file: an UNKNOWN member would make the dead
+			 * file look alive (its ring kept, a new file with
+			 * its number taken for it: c_node_stale()).  The
+			 * event is often just late (the create of a name
+			 * made without O_EXCL is not expected).  So the old
+			 * node leaves the name and a new one takes it.
+			 */
+			if (k->slot == S_ABSENT && k->in_ring && !k->hidden &&
+			    !k->dirty) {
+				tree_orphan(c, k);
+				k = tree_kid_get(dir, name);
+			}
 			if (!k->dirty)
 				k->slot = S_UNKNOWN;
 			dir->st_valid = false;

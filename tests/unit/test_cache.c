@@ -1239,6 +1239,38 @@ static void test_hidden_names_leave_no_expectation(void **state)
 	assert_int_equal(fs_cache_expected_events(e->cache), 0);
 }
 
+/*
+ * Both names of a hard-linked file removed through the mount, then a new
+ * file made under one of them behind it, with the dead file's number.
+ * The new file's event used to make the removed name's node UNKNOWN while
+ * it stayed in the dead file's ring: the lookup then gave the new file
+ * that node, tied to the dead file's names and kernel inode.
+ */
+static void test_new_file_under_a_removed_linked_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *f, *g, *g2;
+	struct stat st, fst;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	tc_settle(e);
+	f = tc_walk_path(e->cache, "f", false, &fst);
+	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "g"), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "g", "new", 3), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "g", &g2, &st), 0);
+	assert_int_equal(st.st_ino, fst.st_ino); /* reused at once */
+	assert_int_equal(st.st_size, 3);
+	assert_ptr_not_equal(g2, g);
+	assert_true(e->ops->node_stale(e->cache, f, g2, &st));
+	assert_true(e->ops->node_stale(e->cache, g, g2, &st));
+	e->ops->forget(e->cache, g2);
+	e->ops->forget(e->cache, g);
+	e->ops->forget(e->cache, f);
+}
+
 /* ... while the file's surviving name shares the removed name's inode. */
 static void test_surviving_name_is_the_same_file(void **state)
 {
@@ -1758,6 +1790,9 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_surviving_name_is_the_same_file,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_new_file_under_a_removed_linked_name, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_hidden_names_leave_no_expectation,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_counts_for_every_name,
