@@ -164,7 +164,7 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		c->events++;
 		c->foreign++;
 		change_expect_clear(c);
-		tree_forget_all(&c->root);
+		tree_forget_all(c, &c->root);
 		cache_unlock(c);
 		forward(c, SBX_CHANGE_OVERFLOW, NULL, NULL, NULL);
 		return;
@@ -215,24 +215,13 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 			 */
 			struct cnode *k = tree_kid_get(dir, name);
 
-			/*
-			 * A removed name of a hard-linked file stays in the
-			 * file's ring for descriptors open through it.
-			 * Whatever the name holds now is not known to be
-			 * that file: an UNKNOWN member would make the dead
-			 * file look alive (its ring kept, a new file with
-			 * its number taken for it: c_node_stale()).  The
-			 * event is often just late (the create of a name
-			 * made without O_EXCL is not expected).  So the old
-			 * node leaves the name and a new one takes it.
-			 */
-			if (k->slot == S_ABSENT && k->in_ring && !k->hidden &&
-			    !k->dirty) {
-				tree_orphan(c, k);
-				k = tree_kid_get(dir, name);
-			}
-			if (!k->dirty)
-				k->slot = S_UNKNOWN;
+			/* A removed name of a hard-linked file gets a new
+			 * node (tree_name_unsure): such events are common,
+			 * as the create of a name without O_EXCL is not
+			 * expected, and its event, when late, lands after
+			 * the name's removal. */
+			if (!k->dirty && tree_name_unsure(c, k))
+				(void)tree_kid_get(dir, name);
 			dir->st_valid = false;
 			dirst = dir->st;
 			have_dir = true;
@@ -287,7 +276,7 @@ int change_watch_sync(struct cache *c)
 	if (rc < 0) {
 		/* Could not catch up: trust nothing cached. */
 		cache_lock(c);
-		tree_forget_all(&c->root);
+		tree_forget_all(c, &c->root);
 		cache_unlock(c);
 	}
 	return rc;

@@ -605,8 +605,21 @@ nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
  */
 unsigned tree_file_unhides(const struct cnode *n);
 bool tree_file_unhiding(const struct cnode *n);
+/*
+ * What the name of k holds may have changed (an event about it, a listing
+ * that raced a change, lost events): k's slot becomes UNKNOWN, so the next
+ * lookup asks.  But a removed name of a hard-linked file leaves the name
+ * instead (orphaned: it keeps its ring, for a descriptor open through it,
+ * and the name has no node until one is made): UNKNOWN, it would count as
+ * alive and make the dead file look so -- its ring kept for a new file
+ * under its names, its kernel inode given to a new file with its number,
+ * or taken from the file's surviving name (c_node_stale(), cache.c).  True
+ * when k was orphaned.  c->lock held; may run inside tree_for_each_kid()
+ * over k's directory (it removes k only).  k not dirty.
+ */
+bool tree_name_unsure(struct cache *c, struct cnode *k);
 /* Invalidate everything below and including n (events were lost). */
-void tree_forget_all(struct cnode *n);
+void tree_forget_all(struct cache *c, struct cnode *n);
 /* Free the subtree of n (not n itself) and n's own allocations. */
 void tree_free(struct cache *c, struct cnode *n);
 bool tree_is_silly(const char *name);

@@ -470,7 +470,17 @@ void tree_mark_gone_dir(struct cnode *k, bool rmdir)
 
 /* ---- whole tree ---------------------------------------------------------- */
 
-void tree_forget_all(struct cnode *n)
+bool tree_name_unsure(struct cache *c, struct cnode *k)
+{
+	if (k->slot == S_ABSENT && k->in_ring && !k->hidden && !k->dirty) {
+		tree_orphan(c, k);
+		return true;
+	}
+	k->slot = S_UNKNOWN;
+	return false;
+}
+
+void tree_forget_all(struct cache *c, struct cnode *n)
 {
 	struct sbx_hashmap_iter it;
 	struct cnode *k;
@@ -481,9 +491,9 @@ void tree_forget_all(struct cnode *n)
 	free(n->link);
 	n->link = NULL;
 	tree_for_each_kid(k, it, n) {
-		if (k->slot == S_ABSENT)
-			k->slot = S_UNKNOWN;
-		tree_forget_all(k);
+		if (k->slot == S_ABSENT && tree_name_unsure(c, k))
+			continue;
+		tree_forget_all(c, k);
 	}
 }
 

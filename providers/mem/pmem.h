@@ -181,8 +181,8 @@ SBX_WUR int pmem_gate_arm(struct sbx_sandbox *sb, const char *op,
 /*
  * The same, but the call parks once its work is done, before it returns
  * (operations on one path: getattr, setattr, readlink, open, read, write,
- * ...; not entry operations), so that its answer is from before whatever
- * the test does meanwhile.
+ * ...; readdir, with the listing taken; not entry operations), so that its
+ * answer is from before whatever the test does meanwhile.
  */
 SBX_WUR int pmem_gate_arm_after(struct sbx_sandbox *sb, const char *op,
 				const char *path);

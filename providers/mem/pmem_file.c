@@ -422,6 +422,8 @@ int pmem_op_readdir(struct sbx_sandbox *sb, struct sbx_file *dh, off_t off,
 	if (!d->fetched || off == 0) {
 		pthread_mutex_lock(&s->lock);
 		rc = snapshot_locked(s, d);
+		if (rc == 0)
+			pmem_gate_locked(s, OP_READDIR, d->path, true);
 		pthread_mutex_unlock(&s->lock);
 		if (rc < 0)
 			return rc;

@@ -157,6 +157,13 @@ int pmem_enter(struct pmem *s, enum op op, const char *path);
  * s->lock held.
  */
 int pmem_fault_locked(struct pmem *s, enum op op, const char *path);
+/*
+ * Park at the gate if it is armed for op on path at this point (`after`:
+ * once the operation's work is done; pmem_gate_arm_after), until released.
+ * s->lock held (dropped while parked).
+ */
+void pmem_gate_locked(struct pmem *s, enum op op, const char *path,
+		      bool after);
 /* Call the hook (if any) with a name of no operation.  Without s->lock. */
 void pmem_hook_point(struct pmem *s, const char *name, const char *path);
 

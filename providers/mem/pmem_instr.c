@@ -55,11 +55,8 @@ void pmem_hook_point(struct pmem *s, const char *name, const char *path)
 		hook(name, path, payload);
 }
 
-/*
- * s->lock held: park at the gate if it is armed for op on path, at this
- * point (`after`: once the operation's work is done), until released.
- */
-static void gate_locked(struct pmem *s, enum op op, const char *path,
+/* See pmem_i.h. */
+void pmem_gate_locked(struct pmem *s, enum op op, const char *path,
 			bool after)
 {
 	if (s->gate_op != (int)op || s->gate_after != after ||
@@ -90,7 +87,7 @@ int pmem_enter(struct pmem *s, enum op op, const char *path)
 	int rc;
 
 	pthread_mutex_lock(&s->lock);
-	gate_locked(s, op, path, false);
+	pmem_gate_locked(s, op, path, false);
 	hook = s->hook;
 	payload = s->hook_payload;
 	pthread_mutex_unlock(&s->lock);
@@ -132,7 +129,7 @@ int pmem_path_op(struct pmem *s, enum op op, const char *path,
 	rc = fn(s, path, arg);
 	if (rc == 0)
 		pmem_side_locked(s, op, path, NULL);
-	gate_locked(s, op, path, true);
+	pmem_gate_locked(s, op, path, true);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
 }
