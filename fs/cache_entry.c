@@ -96,6 +96,7 @@ struct cnode *entry_created(struct cache *c, struct cnode *dir,
 	ok = side_take_locked(c, sc);
 	change_own_done(c);
 	k = tree_name_st(c, dir, name, st);
+	k->own_gen = c->events;
 	content_drop(c, k);
 	dir_changed(c, sc, ok, 0, dir, sc->side.has_dir, &sc->side.dir);
 	cache_unlock(c);
@@ -258,6 +259,7 @@ static void removed(struct cache *c, struct cnode *dir, const char *name,
 	k = tree_kid_find(dir, name);
 	if (k) {
 		k->slot = S_ABSENT;
+		k->own_gen = c->events;
 		if (is_dir)
 			tree_mark_gone_dir(k, true);
 		/* The file's other names have one link less. */
@@ -418,6 +420,7 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		}
 		if (a) {
 			tree_kid_move(a, to, newname);
+			a->own_gen = c->events;
 			/* Its ctime changed, for every name of it.  The batch's
 			 * stat of it is kept when no change but our own came
 			 * in while the call was out (struct side_call). */
@@ -430,7 +433,9 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 				tree_refresh_st(c, a, &sc.side.obj);
 		}
 		/* The old name is now known to be free. */
-		tree_kid_get(from, name)->slot = S_ABSENT;
+		a = tree_kid_get(from, name);
+		a->slot = S_ABSENT;
+		a->own_gen = c->events;
 	}
 	cache_unlock(c);
 	return 0;

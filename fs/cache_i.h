@@ -211,6 +211,13 @@ struct cnode {
 	 * earlier count is no longer the sandbox's file plus our writes.
 	 */
 	unsigned long chg;
+	/*
+	 * c->events right after the last entry change of this name made
+	 * through the mount (create, link, rename to or from it, removal;
+	 * 0: none): an answer sent before then (its `gen` lower) is older
+	 * than what the tree knows of the name.
+	 */
+	unsigned long own_gen;
 
 	/*
 	 * Hard links: the names of one multi-link file form a circular,
@@ -614,8 +621,8 @@ bool tree_file_unhiding(const struct cnode *n);
  * alive and make the dead file look so -- its ring kept for a new file
  * under its names, its kernel inode given to a new file with its number,
  * or taken from the file's surviving name (c_node_stale(), cache.c).  True
- * when k was orphaned.  c->lock held; may run inside tree_for_each_kid()
- * over k's directory (it removes k only).  k not dirty.
+ * when k was orphaned (never a dirty k).  c->lock held; may run inside
+ * tree_for_each_kid() over k's directory (it removes k only).
  */
 bool tree_name_unsure(struct cache *c, struct cnode *k);
 /* Invalidate everything below and including n (events were lost). */

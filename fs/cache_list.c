@@ -134,7 +134,7 @@ static int list_entry(const char *name, const struct stat *st,
 {
 	struct list_ctx *l = payload;
 	struct cnode *k;
-	bool raced;
+	bool ours, raced;
 
 	(void)next;
 	if (node)
@@ -144,26 +144,24 @@ static int list_entry(const char *name, const struct stat *st,
 		return 0;
 	cache_lock(l->c);
 	k = tree_kid_get(l->dir, name);
+	/* The name changed through us after the listing was taken. */
+	ours = k->own_gen > l->gen && !tree_file_dirty(k);
 	raced = l->gen != l->c->events;
-	if (raced && !tree_file_dirty(k) && k->slot == S_ABSENT) {
+	if (ours && k->slot == S_ABSENT) {
 		/*
-		 * A change came in while the listing was out, and the tree
-		 * says the name is gone: most likely removed through us
-		 * after the listing was taken.  Not brought back (as PRESENT
-		 * it would be a dead name alive -- for a hard-linked file,
-		 * its surviving name then got a kernel inode of its own, and
-		 * descriptors open through the two saw different sizes:
-		 * random tester, seed 970431669); nor served.  The loop
-		 * after the listing makes it unknown.
+		 * Removed: not brought back (as PRESENT it would be a dead
+		 * name alive -- for a hard-linked file, its surviving name
+		 * then got a kernel inode of its own, and descriptors open
+		 * through the two saw different sizes: random tester, seed
+		 * 970431669), nor served.
 		 */
 		cache_unlock(l->c);
 		return 0;
 	}
-	if (raced && !tree_file_dirty(k) && k->st.st_ino &&
-	    k->st.st_ino != st->st_ino) {
-		/* Another object than the listing's took the name since
-		 * (a create through us): served as the tree knows it, not
-		 * detached for an older answer. */
+	if (ours && k->st.st_ino && k->st.st_ino != st->st_ino) {
+		/* Another object than the listing's took the name (a create
+		 * or rename through us): served as the tree knows it, not
+		 * detached for the older answer. */
 	} else if (!tree_file_dirty(k)) {
 		k = tree_name_st(l->c, l->dir, name, st);
 		if (raced)
@@ -214,7 +212,9 @@ static int relist(struct cache *c, struct cnode *dir)
 		bool raced = l.gen != c->events;
 
 		tree_for_each_kid(k, kit, dir) {
-			if (k->dirty || k->hidden)
+			/* A name changed through us since the listing was
+			 * taken is as that change left it. */
+			if (k->dirty || k->hidden || k->own_gen > l.gen)
 				continue;
 			if (raced)
 				(void)tree_name_unsure(c, k);
@@ -222,7 +222,8 @@ static int relist(struct cache *c, struct cnode *dir)
 				k->slot = S_ABSENT;
 		}
 		for (size_t i = 0; i < l.nseen; i++)
-			l.seen[i]->slot = S_PRESENT;
+			if (!l.seen[i]->orphan && l.seen[i]->own_gen <= l.gen)
+				l.seen[i]->slot = S_PRESENT;
 		/* Raced with a change: serve this listing, cache none of it. */
 		dir->complete = !raced;
 		dir->list_time = cache_now();

@@ -146,7 +146,7 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 {
 	struct expect *e1, *e2;
 	struct sbx_node *in;
-	struct cnode *k;
+	struct cnode *k, *gone;
 	char *hidden, *dp;
 	unsigned opens = 0, active = 0;
 	int rc;
@@ -207,7 +207,9 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 	change_own_done(c);
 	tree_kid_move(k, dir, hidden);
 	k->hidden = true;
-	tree_kid_get(dir, name)->slot = S_ABSENT;
+	gone = tree_kid_get(dir, name);
+	gone->slot = S_ABSENT;
+	gone->own_gen = c->events;
 	dir->st_valid = false;
 	/* Its link no longer counts, for this name and any other. */
 	tree_invalidate_file(k);

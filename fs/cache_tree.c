@@ -491,9 +491,9 @@ void tree_forget_all(struct cache *c, struct cnode *n)
 	free(n->link);
 	n->link = NULL;
 	tree_for_each_kid(k, it, n) {
-		if (k->slot == S_ABSENT && tree_name_unsure(c, k))
-			continue;
 		tree_forget_all(c, k);
+		if (k->slot == S_ABSENT)
+			(void)tree_name_unsure(c, k);
 	}
 }
 

@@ -1392,6 +1392,150 @@ static void test_listing_across_rename_keeps_the_moved_file(void **state)
 	e->ops->forget(e->cache, o.dir);
 }
 
+/*
+ * List d (already opened as o->dir) with the listing's answer taken first
+ * and handed back only after an unrelated change through the mount (a new
+ * directory at the root): the listing raced a change.  Its entries are
+ * collected into *l.
+ */
+static void raced_listing(struct tc_env *e, struct opendir_call *o,
+			  struct names *l)
+{
+	struct sbx_node *made;
+	struct stat st;
+	pthread_t t;
+
+	memset(l, 0, sizeof(*l));
+	assert_int_equal(pmem_gate_arm_after(e->mem, "readdir", "d"), 0);
+	assert_int_equal(pthread_create(&t, NULL, opendir_main, o), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	assert_int_equal(e->ops->mkdir(e->cache, e->root, "o", 0755, &made,
+				       &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(o->rc, 0);
+	assert_int_equal(e->ops->readdir(e->cache, o->dh, 0, SBX_READDIR_PLUS,
+					 collect, l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, o->dh), 0);
+}
+
+/*
+ * d holds c and a name n made and removed through the mount a while ago;
+ * the stream is held (events wait), and a link of a file x of d then its
+ * removal leave the link's attributes to be asked for, so opendir lists
+ * again.
+ */
+static void listing_setup(struct tc_env *e, struct opendir_call *o)
+{
+	struct sbx_node *n, *x, *made;
+	struct sbx_open_result res;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/x", "x", 1), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/c", "data", 4), 0);
+	tc_settle(e);
+	o->dir = tc_walk_path(e->cache, "d", false, &st);
+	assert_int_equal(e->ops->create(e->cache, o->dir, "n", 0644,
+					O_CREAT | O_EXCL | O_WRONLY, &n, &st,
+					&res),
+			 0);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, n);
+	assert_int_equal(e->ops->unlink(e->cache, o->dir, "n"), 0);
+	tc_settle(e);
+	pmem_watch_hold(e->mem, true);
+	x = tc_walk_path(e->cache, "d/x", false, &st);
+	assert_int_equal(e->ops->link(e->cache, x, o->dir, "y", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	e->ops->forget(e->cache, x);
+	/* y's link count is to be asked for again. */
+	assert_int_equal(e->ops->unlink(e->cache, o->dir, "x"), 0);
+}
+
+/*
+ * A name removed through the mount long before a listing, then made again
+ * behind it (its event still to come): a listing that races some other
+ * change of ours shows it, as the sandbox does.
+ */
+static void test_raced_listing_shows_a_name_made_again(void **state)
+{
+	struct tc_env *e = *state;
+	struct opendir_call o = { .e = e };
+	struct names l;
+
+	listing_setup(e, &o);
+	assert_int_equal(pmem_ext_write(e->mem, "d/n", "again", 5), 0);
+	raced_listing(e, &o, &l);
+	assert_true(listed(&l, "n"));
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	e->ops->forget(e->cache, o.dir);
+}
+
+/*
+ * A file replaced behind the mount before a listing (its event still to
+ * come): a listing that races some other change of ours shows the new
+ * file, not the one the tree knew under the name.
+ */
+static void test_raced_listing_shows_a_file_replaced_behind(void **state)
+{
+	struct tc_env *e = *state;
+	struct opendir_call o = { .e = e };
+	struct sbx_node *c;
+	struct names l;
+	struct stat st;
+
+	listing_setup(e, &o);
+	c = tc_walk_path(e->cache, "d/c", false, &st);
+	assert_int_equal(st.st_size, 4);
+	assert_int_equal(pmem_ext_write(e->mem, "d/t", "replaced!", 9), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "d/t", "d/c", 0), 0);
+	raced_listing(e, &o, &l);
+	assert_true(listed(&l, "c"));
+	for (int i = 0; i < l.n; i++)
+		if (strcmp(l.name[i], "c") == 0)
+			assert_int_equal(l.size[i], 9);
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	e->ops->forget(e->cache, c);
+	e->ops->forget(e->cache, o.dir);
+}
+
+/*
+ * Lost events (an overflow) leave nothing cached as valid, not even for a
+ * removed name of a hard-linked file, which leaves its name then: the
+ * descriptor's node it may be still asks the sandbox.
+ */
+static void test_overflow_forgets_a_removed_linked_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *f, *made;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	tc_settle(e);
+	f = tc_walk_path(e->cache, "f", false, &st);
+	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	pmem_calls_reset(e->mem);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 0);
+	pmem_ext_overflow(e->mem);
+	tc_settle(e);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	assert_int_equal(pmem_calls(e->mem, "getattr"), 1);
+	assert_int_equal(st.st_size, 4);
+	e->ops->forget(e->cache, f);
+}
+
 /* ... while the file's surviving name shares the removed name's inode. */
 static void test_surviving_name_is_the_same_file(void **state)
 {
@@ -1918,11 +2062,20 @@ int main(void)
 			test_listing_across_rename_keeps_the_moved_file,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
+			test_raced_listing_shows_a_name_made_again, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_raced_listing_shows_a_file_replaced_behind, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
 			test_new_file_under_a_removed_linked_name, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_new_file_under_a_removed_linked_name_overflow,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_overflow_forgets_a_removed_linked_name, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_hidden_names_leave_no_expectation,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_counts_for_every_name,
