@@ -669,6 +669,9 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	memset(out, 0, sizeof(*out));
 	out->fh = (struct sbx_file *)f;
 	out->keep_cache = true;
+	/* O_EXCL, or the name known free: a new file (else one made behind
+	 * us just now, whose event is on its way). */
+	out->created = expect;
 	*node_out = (struct sbx_node *)k;
 	return 0;
 }

@@ -119,6 +119,15 @@ fuse_ino_t fs_inode_id(struct fs *fs, struct fs_inode *inode);
 struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 				   const char *name, struct sbx_node *node,
 				   const struct stat *st);
+/*
+ * The same for an object the call just made (a create that made its
+ * file): an inode held for another node under its number is a removed
+ * object's, whatever the provider's node_stale would say, and leaves the
+ * table for the new one.
+ */
+struct fs_inode *fs_inode_remember_new(struct fs *fs, fuse_ino_t parent,
+				       const char *name, struct sbx_node *node,
+				       const struct stat *st);
 
 /* Drop `n` lookups; frees the inode (and forgets its node) at zero. */
 void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n);

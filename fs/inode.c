@@ -98,9 +98,9 @@ static void set_name_locked(struct fs_inode *in, fuse_ino_t parent,
 	in->parent = parent;
 }
 
-struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
-				   const char *name, struct sbx_node *node,
-				   const struct stat *st)
+static struct fs_inode *remember(struct fs *fs, fuse_ino_t parent,
+				 const char *name, struct sbx_node *node,
+				 const struct stat *st, bool made)
 {
 	struct fs_inode *in, *fresh = NULL;
 	struct sbx_node *drop = NULL;
@@ -108,8 +108,8 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 	pthread_mutex_lock(&fs->lock);
 	in = find_locked(fs, st->st_dev, st->st_ino);
 	if (in && in != &fs->root && in->node != node &&
-	    fs->sb->ops->node_stale &&
-	    fs->sb->ops->node_stale(fs->sb, in->node, node, st)) {
+	    (made || (fs->sb->ops->node_stale &&
+		      fs->sb->ops->node_stale(fs->sb, in->node, node, st)))) {
 		/*
 		 * The sandbox reused the inode number of a removed file the
 		 * kernel still holds: the new file gets its own inode, and
@@ -141,6 +141,20 @@ struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
 	if (drop)
 		fs->sb->ops->forget(fs->sb, drop);
 	return in;
+}
+
+struct fs_inode *fs_inode_remember(struct fs *fs, fuse_ino_t parent,
+				   const char *name, struct sbx_node *node,
+				   const struct stat *st)
+{
+	return remember(fs, parent, name, node, st, false);
+}
+
+struct fs_inode *fs_inode_remember_new(struct fs *fs, fuse_ino_t parent,
+				       const char *name, struct sbx_node *node,
+				       const struct stat *st)
+{
+	return remember(fs, parent, name, node, st, true);
 }
 
 void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)

@@ -560,7 +560,13 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	caller_end();
 	if (rc < 0)
 		return reply_err(req, "create", rc);
-	in = fs_inode_remember(fs, parent, name, node, &e.attr);
+	/* A file the create made cannot be one the kernel holds already
+	 * (random tester, seeds 839183475 and 51744238: a new file's
+	 * ftruncate said ENOENT, its mmap write ESTALE, the kernel's inode
+	 * for it being a removed file's with the same number). */
+	in = res.created
+		     ? fs_inode_remember_new(fs, parent, name, node, &e.attr)
+		     : fs_inode_remember(fs, parent, name, node, &e.attr);
 	if (fs->zero_open) {
 		/* I/O opens its own files (io_file); this one is done. */
 		(void)fs->sb->ops->release(fs->sb, res.fh);

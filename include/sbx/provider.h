@@ -271,6 +271,12 @@ struct sbx_open_result {
 	bool keep_cache;  /* page cache still valid for this file */
 	bool direct_io;   /* bypass the page cache (e.g. /proc-like files) */
 	bool nonseekable;
+	/*
+	 * create: the call made a new file (O_EXCL, or the provider knew the
+	 * name free), so no object the daemon knows under its inode number
+	 * is this file (the number was a removed file's, reused).
+	 */
+	bool created;
 };
 
 /*

@@ -1536,6 +1536,46 @@ static void test_overflow_forgets_a_removed_linked_name(void **state)
 	e->ops->forget(e->cache, f);
 }
 
+/*
+ * A create tells the daemon when it made the file (O_EXCL, or the name
+ * known free), so that a kernel inode held under the same number, a
+ * removed file's, is not given to it whatever the removed file's names
+ * look like; and not when the name may have held a file already.
+ */
+static void test_create_says_when_it_made_the_file(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_open_result res;
+	struct sbx_node *n;
+	struct stat st;
+
+	assert_int_equal(e->ops->create(e->cache, e->root, "x", 0644,
+					O_CREAT | O_EXCL | O_RDWR, &n, &st,
+					&res),
+			 0);
+	assert_true(res.created);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, n);
+	/* Known absent (a lookup said so): made. */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "y", &n, &st),
+			 -ENOENT);
+	assert_int_equal(e->ops->create(e->cache, e->root, "y", 0644,
+					O_CREAT | O_RDWR, &n, &st, &res),
+			 0);
+	assert_true(res.created);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, n);
+	/* Made behind the mount (its event applied): an existing file. */
+	assert_int_equal(pmem_ext_write(e->mem, "z", "z", 1), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->create(e->cache, e->root, "z", 0644,
+					O_CREAT | O_RDWR, &n, &st, &res),
+			 0);
+	assert_false(res.created);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
 /* ... while the file's surviving name shares the removed name's inode. */
 static void test_surviving_name_is_the_same_file(void **state)
 {
@@ -2055,6 +2095,9 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_surviving_name_is_the_same_file,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_create_says_when_it_made_the_file, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_listing_across_unlink_keeps_the_name_removed,
 			setup, teardown),

@@ -220,6 +220,34 @@ static void test_stale_identity_gets_new_inode(void **state)
 	assert_int_equal(fs_inode_find(&e->fs, 1, 10, NULL), 0);
 }
 
+/*
+ * A file the create made: the inode held under its number is a removed
+ * file's, even where node_stale would say otherwise (the cache's beliefs
+ * about a removed file's names can be out of date).
+ */
+static void test_made_file_gets_new_inode(void **state)
+{
+	struct env *e = *state;
+	struct fs_inode *old = remember(e, FUSE_ROOT_ID, "a", 1, 1, 10);
+	fuse_ino_t old_id = fs_inode_id(&e->fs, old);
+	struct stat st = st_of(1, 10);
+	struct fs_inode *made;
+
+	say_stale = false;
+	made = fs_inode_remember_new(&e->fs, FUSE_ROOT_ID, "b", node(2), &st);
+	assert_ptr_not_equal(made, old);
+	assert_int_equal(((struct fake_node *)made->node)->id, 2);
+	assert_int_equal(forgotten, 0);
+	assert_int_equal(fs_inode_find(&e->fs, 1, 10, NULL),
+			 fs_inode_id(&e->fs, made));
+	/* The old one serves the kernel's references until forgotten. */
+	assert_ptr_equal(fs_inode_get(&e->fs, old_id), old);
+	fs_inode_forget(&e->fs, old_id, 1);
+	assert_int_equal(forgotten, 1);
+	fs_inode_forget(&e->fs, fs_inode_id(&e->fs, made), 1);
+	assert_int_equal(forgotten, 2);
+}
+
 /* Stale inodes still held at exit are freed by fini (no leak). */
 static void test_fini_frees_stale_and_live(void **state)
 {
@@ -332,6 +360,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stale_identity_gets_new_inode, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_made_file_gets_new_inode,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fini_frees_stale_and_live,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_writers, setup, teardown),
