@@ -346,6 +346,12 @@ struct cache {
 	unsigned long events;
 	/* Of those, the ones not dropped as our own (struct side_call). */
 	unsigned long foreign;
+	/*
+	 * Removals of hidden names started or ended (two each), all files:
+	 * a listing answered across one may carry link counts that do or do
+	 * not count the name (see cnode.unhides).
+	 */
+	unsigned long unhides_all;
 	/* Calls handing back attributes on the side (struct side_call). */
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */

@@ -84,6 +84,7 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	name = sbx_xstrdup(n->name);
 	n->slot = S_ABSENT;
 	n->unhides++; /* out: cnode_unhiding() */
+	c->unhides_all++;
 	cache_unlock(c);
 	sbx_debug("removing hidden %s/%s", dir ? dir : "?", name);
 	rc = dir ? cache_inner_node(c, dir, &in)
@@ -109,6 +110,7 @@ static void unlink_hidden_locked(struct cache *c, struct cnode *n)
 	free(name);
 	cache_lock(c);
 	n->unhides++; /* done */
+	c->unhides_all++;
 	/* The file's other names have one link less (or, on failure, the
 	 * count is the sandbox's to say). */
 	tree_invalidate_file(n);

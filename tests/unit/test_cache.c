@@ -1576,6 +1576,56 @@ static void test_create_says_when_it_made_the_file(void **state)
 	e->ops->forget(e->cache, n);
 }
 
+/*
+ * A listing answered while the last close of a hard-linked file removed
+ * a hidden name of it: the link count it carries may or may not count
+ * that name, so readdirplus must not hand it to the kernel to keep
+ * (random tester, seed 51744238: the kernel kept 1 link for 2).  The
+ * entry goes without attributes; a lookup asks again.
+ */
+static void test_listing_across_hidden_removal_hands_no_count(void **state)
+{
+	struct tc_env *e = *state;
+	struct opendir_call o = { .e = e };
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
+	struct names l;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/a", "data", 4), 0);
+	tc_settle(e);
+	o.dir = tc_walk_path(e->cache, "d", false, &st);
+	a = tc_walk_path(e->cache, "d/a", false, &st);
+	assert_int_equal(e->ops->link(e->cache, a, o.dir, "b", &b, &st), 0);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, o.dir, "b"), 0);
+	/* Hidden: 2 links in the sandbox, 1 for the user.  No event is
+	 * still to come that the listing could race. */
+	tc_settle(e);
+	assert_int_equal(pmem_gate_arm_after(e->mem, "readdir", "d"), 0);
+	assert_int_equal(pthread_create(&t, NULL, opendir_main, &o), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	assert_int_equal(tc_close(e, fh), 0); /* removes the hidden name */
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(o.rc, 0);
+	memset(&l, 0, sizeof(l));
+	assert_int_equal(e->ops->readdir(e->cache, o.dh, 0, SBX_READDIR_PLUS,
+					 collect, &l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, o.dh), 0);
+	assert_true(listed(&l, "a"));
+	assert_int_equal(l.nodes, 0);
+	/* Asked for again, the count is the sandbox's. */
+	assert_int_equal(e->ops->getattr(e->cache, a, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+	e->ops->forget(e->cache, o.dir);
+}
+
 /* ... while the file's surviving name shares the removed name's inode. */
 static void test_surviving_name_is_the_same_file(void **state)
 {
@@ -2106,6 +2156,9 @@ int main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_raced_listing_shows_a_name_made_again, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_listing_across_hidden_removal_hands_no_count, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_raced_listing_shows_a_file_replaced_behind, setup,
