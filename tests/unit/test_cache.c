@@ -1739,6 +1739,41 @@ static void test_link_count_fetched_across_a_hidden_removal(void **state)
 }
 
 /*
+ * open(O_CREAT) of an existing hard-linked file whose other name was
+ * removed while open: the create's answer carries the sandbox's count,
+ * hidden name included, and the kernel keeps it (random tester, seeds
+ * 894512807 and 491753834: fstat after such an open, right after the
+ * last close of the removed name, said 2 links for 1).
+ */
+static void test_create_of_a_linked_file_counts_no_hidden_name(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *a, *b, *made;
+	struct sbx_open_result res;
+	struct sbx_file *fh, *fa;
+	struct stat st;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	assert_int_equal(e->ops->create(e->cache, e->root, "a", 0644,
+					O_CREAT | O_RDWR, &made, &st, &res),
+			 0);
+	assert_false(res.created);
+	assert_int_equal(st.st_nlink, 1);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
+/*
  * A rename onto a name that is open here (through another name of the same
  * file) but that was removed behind the mount: nothing is left to hide, and
  * the rename must go on (random tester, seed 983871424: it said ENOENT, the
@@ -2148,6 +2183,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_create_says_when_it_made_the_file, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_create_of_a_linked_file_counts_no_hidden_name,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_listing_across_unlink_keeps_the_name_removed,
 			setup, teardown),
