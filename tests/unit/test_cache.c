@@ -1154,6 +1154,30 @@ static void test_link_count_after_hidden_name_removed(void **state)
 }
 
 /*
+ * A file "f" (4 bytes, made behind the mount) and a second name "g" linked
+ * to it through the cache.  Returns f's node; *fst is f's attributes
+ * before the link.  *g gets the link's node when g is not NULL, else it
+ * is forgotten.
+ */
+static struct sbx_node *f_linked_as_g(struct tc_env *e, struct stat *fst,
+				      struct sbx_node **g)
+{
+	struct sbx_node *f, *made;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	tc_settle(e);
+	f = tc_walk_path(e->cache, "f", false, fst);
+	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
+			 0);
+	if (g)
+		*g = made;
+	else
+		e->ops->forget(e->cache, made);
+	return f;
+}
+
+/*
  * The kernel may still hold a removed name of a hard-linked file when the
  * sandbox gives the file's inode number to a new directory (ext4 does,
  * soon).  The daemon asks node_stale() whether the new directory is that
@@ -1169,16 +1193,11 @@ static void test_link_count_after_hidden_name_removed(void **state)
 static void test_new_directory_is_not_a_dead_file(void **state)
 {
 	struct tc_env *e = *state;
-	struct sbx_node *f, *d, *h, *made;
+	struct sbx_node *f, *d, *h;
 	struct sbx_file *fh;
 	struct stat st, fst;
 
-	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
-	tc_settle(e);
-	f = tc_walk_path(e->cache, "f", false, &fst);
-	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
+	f = f_linked_as_g(e, &fst, NULL);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	assert_int_equal(pmem_ext_unlink(e->mem, "g"), 0);
 	tc_settle(e);
@@ -1252,10 +1271,7 @@ static void new_file_under_removed_linked_name(struct tc_env *e,
 	struct sbx_node *f, *g, *g2;
 	struct stat st, fst;
 
-	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
-	tc_settle(e);
-	f = tc_walk_path(e->cache, "f", false, &fst);
-	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
+	f = f_linked_as_g(e, &fst, &g);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "g"), 0);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	/* Events lost: every removed name becomes unknown; the new file's
@@ -1508,21 +1524,17 @@ static void test_raced_listing_shows_a_file_replaced_behind(void **state)
 
 /*
  * Lost events (an overflow) leave nothing cached as valid, not even for a
- * removed name of a hard-linked file, which leaves its name then: the
- * descriptor's node it may be still asks the sandbox.
+ * removed name of a hard-linked file, which leaves its name then: a
+ * descriptor may still hold that node, and its attributes are asked for
+ * again.
  */
 static void test_overflow_forgets_a_removed_linked_name(void **state)
 {
 	struct tc_env *e = *state;
-	struct sbx_node *f, *made;
+	struct sbx_node *f;
 	struct stat st;
 
-	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
-	tc_settle(e);
-	f = tc_walk_path(e->cache, "f", false, &st);
-	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
+	f = f_linked_as_g(e, &st, NULL);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
 	pmem_calls_reset(e->mem);
@@ -1687,15 +1699,10 @@ static void test_walk_across_hidden_removal_keeps_no_count(void **state)
 static void test_surviving_name_is_the_same_file(void **state)
 {
 	struct tc_env *e = *state;
-	struct sbx_node *f, *g, *made;
+	struct sbx_node *f, *g;
 	struct stat st;
 
-	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
-	tc_settle(e);
-	f = tc_walk_path(e->cache, "f", false, &st);
-	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
+	f = f_linked_as_g(e, &st, NULL);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	g = tc_walk_path(e->cache, "g", false, &st);
 	assert_int_equal(st.st_nlink, 1);
