@@ -696,9 +696,15 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	memset(out, 0, sizeof(*out));
 	out->fh = (struct sbx_file *)f;
 	out->keep_cache = true;
-	/* O_EXCL, or the name known free: a new file (else one made behind
-	 * us just now, whose event is on its way). */
-	out->created = expect;
+	/*
+	 * O_EXCL, or the name known free and the file with one link: a new
+	 * file.  (A name known free may hold a file made behind us just now,
+	 * whose event is on its way: with one link that one is new to us
+	 * too; with more, a hard link of a file the kernel may hold, which
+	 * node_stale must tie to it.)
+	 */
+	out->created = (flags & O_EXCL) ||
+		       (expect && S_ISREG(st->st_mode) && st->st_nlink <= 1);
 	*node_out = (struct sbx_node *)k;
 	return 0;
 }

@@ -1577,6 +1577,20 @@ static void test_create_says_when_it_made_the_file(void **state)
 	assert_true(res.created);
 	assert_int_equal(tc_close(e, res.fh), 0);
 	e->ops->forget(e->cache, n);
+	/* Known absent, but a hard link of x made behind the mount just
+	 * before, its event still to come: not made by the create. */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "w", &n, &st),
+			 -ENOENT);
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_link(e->mem, "x", "w"), 0);
+	assert_int_equal(e->ops->create(e->cache, e->root, "w", 0644,
+					O_CREAT | O_RDWR, &n, &st, &res),
+			 0);
+	assert_false(res.created);
+	assert_int_equal(tc_close(e, res.fh), 0);
+	e->ops->forget(e->cache, n);
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
 	/* Made behind the mount (its event applied): an existing file. */
 	assert_int_equal(pmem_ext_write(e->mem, "z", "z", 1), 0);
 	tc_settle(e);
