@@ -669,18 +669,16 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	 * open said 2 links for 1).  That one is asked for again.
 	 */
 	cache_lock(c);
-	unsettled = S_ISREG(st->st_mode) && k->in_ring &&
-		    (tree_file_unhiding(k) || c->unhides_all != unhides);
+	unsettled = tree_count_unsettled(c, k, unhides);
 	if (unsettled)
 		k->st_valid = false;
-	else
-		st->st_nlink = tree_visible_nlink(k, st->st_nlink);
 	cache_unlock(c);
 	if (unsettled && c_getattr(sb, (struct sbx_node *)k, NULL, &fst) == 0) {
 		*st = fst;
-	} else if (unsettled) {
-		/* Gone meanwhile, say: the create's own count. */
-		sbx_error_clear();
+	} else {
+		/* Settled, or gone meanwhile (say): the create's own count. */
+		if (unsettled)
+			sbx_error_clear();
 		cache_lock(c);
 		st->st_nlink = tree_visible_nlink(k, st->st_nlink);
 		cache_unlock(c);
@@ -1219,14 +1217,11 @@ static bool ring_names_file(struct cnode *n, struct cnode *fresh,
 {
 	bool sole = S_ISREG(st->st_mode) && st->st_nlink <= 1;
 
-	if (!n->in_ring)
-		return false;
-	for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
-		if (a == fresh)
-			return true;
-	for (struct cnode *a = n->ring_next; a != n; a = a->ring_next)
-		if (!a->orphan && (a->slot == S_PRESENT ||
-				   (a->slot == S_UNKNOWN && !sole)))
+	/* n itself is removed, and not fresh (the caller's old != fresh). */
+	tree_for_each_name(a, n)
+		if (a == fresh ||
+		    (!a->orphan && (a->slot == S_PRESENT ||
+				    (a->slot == S_UNKNOWN && !sole))))
 			return true;
 	return false;
 }

@@ -610,6 +610,16 @@ unsigned tree_hidden_names(const struct cnode *n);
 /* The link count the user should see (silly-renamed names hidden). */
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
 /*
+ * k's link count, just taken from an answer sent when c->unhides_all was
+ * `unhides`, may or may not count a hidden name of its file: one was
+ * removed (of any file: not told apart) while the answer was out, or one
+ * of k's file is being removed now.  Only regular files with other names
+ * (the sandbox counts hidden names).  Such a count is not kept.  c->lock
+ * held.
+ */
+bool tree_count_unsettled(struct cache *c, const struct cnode *k,
+			  unsigned long unhides);
+/*
  * Removals of hidden names of n's file started or ended so far (a sum
  * that moves with each), and whether one is out now.  A link count the
  * sandbox gave while it moved, or with one out, may or may not count the

@@ -26,20 +26,6 @@ struct bulk_ctx {
 	bool dropped;      /* a record came after a change: not kept */
 };
 
-/*
- * k's link count, just taken from an answer sent when c->unhides_all was
- * `unhides`, may or may not count a hidden name of its file: one was
- * removed (of any file: not told apart) while the answer was out, or one
- * of k's file is being removed now.  Only for regular files with other
- * names (the sandbox counts hidden names).  c->lock held.
- */
-static bool count_unsettled_by(struct cache *c, struct cnode *k,
-			       unsigned long unhides)
-{
-	return S_ISREG(k->st.st_mode) && (k->in_ring || k->st.st_nlink > 1) &&
-	       (unhides != c->unhides_all || tree_file_unhiding(k));
-}
-
 static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 {
 	struct bulk_ctx *ctx = payload;
@@ -73,7 +59,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 		 * tester, seed 55013542: a walk's count of 2 for 1, taken
 		 * while the last close removed a hidden name, was kept).
 		 */
-		if (count_unsettled_by(c, n, ctx->unhides))
+		if (tree_count_unsettled(c, n, ctx->unhides))
 			n->st_valid = false;
 		if (it->kind == SBX_BULK_DIR) {
 			/* Names not listed are gone; listed ones present.
@@ -92,7 +78,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 				}
 				k = tree_name_st(c, n, it->entries[i].name,
 						 &it->entries[i].st);
-				if (count_unsettled_by(c, k, ctx->unhides))
+				if (tree_count_unsettled(c, k, ctx->unhides))
 					k->st_valid = false;
 			}
 			n->complete = true;
@@ -210,7 +196,7 @@ static int list_entry(const char *name, const struct stat *st,
 		 * the listing was out).  Not kept, nor handed to the kernel
 		 * as attributes to cache (snapshot_listing).
 		 */
-		if (raced || count_unsettled_by(l->c, k, l->unhides))
+		if (raced || tree_count_unsettled(l->c, k, l->unhides))
 			k->st_valid = false;
 	} else {
 		k->slot = S_PRESENT;

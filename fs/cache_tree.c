@@ -345,6 +345,13 @@ bool tree_file_unhiding(const struct cnode *n)
 	return false;
 }
 
+bool tree_count_unsettled(struct cache *c, const struct cnode *k,
+			  unsigned long unhides)
+{
+	return S_ISREG(k->st.st_mode) && (k->in_ring || k->st.st_nlink > 1) &&
+	       (unhides != c->unhides_all || tree_file_unhiding(k));
+}
+
 nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink)
 {
 	unsigned hidden = tree_hidden_names(n);
