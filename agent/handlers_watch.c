@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -35,10 +37,12 @@ struct wevent {
 	uint64_t seq;
 	int kind; /* enum sbx_fswatch_kind */
 	char *path;
+	uint64_t ino; /* ENTRY: what the name holds after it (0: none) */
 };
 
 struct agent_watch {
 	struct sbx_fswatch *fw;
+	const char *root;     /* the agent's root_path, borrowed */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	uint64_t seq;         /* protected by lock: the last event's number */
@@ -70,11 +74,29 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	int kind = ev->kind;
 	const char *path = ev->path;
 
+	uint64_t ino = 0;
+
 	/* A path beyond PATH_MAX (very deep trees) could not be used by a
 	 * client anyway and might not fit a frame: say "invalidate all". */
 	if (path && strlen(path) >= PATH_MAX) {
 		kind = SBX_FSWATCH_OVERFLOW;
 		path = NULL;
+	}
+	/*
+	 * What a name holds now, so a client can refresh the link count of
+	 * a file it knows by another name (a link made to it): inotify tells
+	 * only a watch on the file itself of that.  Before the event is
+	 * queued, outside the lock; the name may have changed again since,
+	 * which a later event says.
+	 */
+	if (kind == SBX_FSWATCH_ENTRY &&
+	    !(ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
+		char *full = sbx_xasprintf("%s/%s", w->root, path);
+		struct stat st;
+
+		if (lstat(full, &st) == 0)
+			ino = (uint64_t)st.st_ino;
+		free(full);
 	}
 	pthread_mutex_lock(&w->lock);
 	w->seq++;
@@ -83,6 +105,7 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	slot->seq = w->seq;
 	slot->kind = kind;
 	slot->path = path ? sbx_xstrdup(path) : NULL;
+	slot->ino = ino;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 }
@@ -95,6 +118,7 @@ int agent_watch_start(struct agent *a)
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
 	w->ring = sbx_xcalloc(RING_SIZE, sizeof(*w->ring));
+	w->root = a->root_path;
 	a->watch = w;
 	rc = sbx_fswatch_new(&w->fw, a->root_path, on_event, w);
 	if (rc < 0)
@@ -177,6 +201,7 @@ static void frame_event(struct sbx_buf *out, const struct wevent *e)
 {
 	struct sbx_watch_frame f = {
 		.kind = wire_kind(e->kind), .seq = e->seq, .path = e->path,
+		.ino = e->ino,
 	};
 
 	agent_frame(out, sbx_watch_frame_encode(&f), NULL, 0);

@@ -1226,6 +1226,26 @@ static bool ring_names_file(struct cnode *n, struct cnode *fresh,
 	return false;
 }
 
+static bool c_attr_changed(struct sbx_sandbox *sb, struct sbx_node *node)
+{
+	struct cache *c = CACHE(sb);
+	struct cnode *n = CNODE(node);
+	bool named = !S_ISREG(n->st.st_mode);
+
+	cache_lock(c);
+	tree_invalidate_file(n);
+	/*
+	 * A file with no name known to be there (all removed or moved in
+	 * the sandbox, or unknown since an event), open here: asked again,
+	 * it would say ENOENT or ESTALE to the descriptor's fstat().  The
+	 * kernel's copy is better.
+	 */
+	tree_for_each_name(a, n)
+		named |= a->slot == S_PRESENT;
+	cache_unlock(c);
+	return named;
+}
+
 static bool c_node_stale(struct sbx_sandbox *sb, struct sbx_node *old,
 			 struct sbx_node *fresh, const struct stat *st)
 {
@@ -1352,6 +1372,7 @@ static const struct sbx_sandbox_ops cache_ops = {
 	.watch_stop = c_watch_stop,
 	.watch_healthy = c_watch_healthy,
 	.node_stale = c_node_stale,
+	.attr_changed = c_attr_changed,
 	.syncfs = c_syncfs,
 	.free = c_free,
 };

@@ -228,10 +228,25 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		}
 	}
 	cache_unlock(c);
+	if (ch->kind == SBX_CHANGE_ENTRY && ch->ino) {
+		/*
+		 * What the name holds now, in the provider's word: the file
+		 * a link was made to, whose other names' link count changed.
+		 * (What it held before is the daemon's to find: its name
+		 * index.)  The daemon has our node of it drop its attributes
+		 * (c_attr_changed).
+		 */
+		memset(&objst, 0, sizeof(objst));
+		objst.st_dev = ch->dev;
+		objst.st_ino = ch->ino;
+		have_obj = true;
+	}
 	if (ch->kind == SBX_CHANGE_ENTRY) {
-		if (have_dir)
-			forward(c, SBX_CHANGE_ENTRY, &dirst, name,
-				have_obj ? &objst : NULL);
+		/* A directory we do not know: the kernel knows nothing in
+		 * it, but may know the object by another name. */
+		if (have_dir || have_obj)
+			forward(c, SBX_CHANGE_ENTRY, have_dir ? &dirst : NULL,
+				name, have_obj ? &objst : NULL);
 	} else if (have_obj) {
 		forward(c, ch->kind, NULL, NULL, &objst);
 	}

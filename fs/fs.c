@@ -140,20 +140,40 @@ void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since)
 void fs_apply_change(const struct sbx_change *c, void *payload)
 {
 	struct fs *fs = payload;
-	fuse_ino_t parent, ino;
+	fuse_ino_t parent, ino, obj[9];
+	size_t nobj;
 	unsigned writers;
 
 	switch (c->kind) {
 	case SBX_CHANGE_ENTRY:
 		parent = fs_inode_find(fs, c->dir_dev, c->dir_ino, NULL);
-		if (!parent)
-			return; /* the kernel caches nothing of that dir */
-		note_entry_change(fs, parent, c->name);
-		/* Drops the dentry (positive or negative)... */
-		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
-						 strlen(c->name));
-		/* ...and the directory's attributes and cached listing. */
-		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
+		nobj = parent ? fs_names_take(fs, parent, c->name, obj, 8) : 0;
+		/* The object the name holds now, when the provider knows it:
+		 * a link made to a file the kernel knows by another name,
+		 * maybe in a directory the kernel has not seen. */
+		if (c->ino && nobj < 9 &&
+		    (ino = fs_inode_attr_changed(fs, c->dev, c->ino)))
+			obj[nobj++] = ino;
+		if (parent) {
+			note_entry_change(fs, parent, c->name);
+			/* Drops the dentry (positive or negative)... */
+			fuse_lowlevel_notify_inval_entry(fs->se, parent,
+							 c->name,
+							 strlen(c->name));
+			/* ...and the directory's attributes and listing. */
+			fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
+		}
+		/*
+		 * ...and the attributes of the objects the name held or
+		 * holds: their link count and ctime changed, and a change
+		 * stream watches directories, which see no attribute event
+		 * for that (inotify tells only a watch on the file itself).
+		 * Pages stay.
+		 */
+		for (size_t i = 0; i < nobj; i++)
+			if (obj[i] != parent)
+				fuse_lowlevel_notify_inval_inode(fs->se, obj[i],
+								 -1, 0);
 		break;
 	case SBX_CHANGE_DATA:
 	case SBX_CHANGE_ATTR:

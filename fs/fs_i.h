@@ -39,6 +39,24 @@
 struct fs_ctl;
 
 #define FS_RECENT_ENTRIES 256
+/* Names kept per inode in the name index (fs_names_*), newest first. */
+#define FS_NAMES_PER_INODE 16
+
+/*
+ * A name the kernel may hold a dentry for: (parent, name) -> inode, in
+ * fs->names and on the inode's own list.  Kept so that a change event
+ * about a name reaches the attributes of the object that had it: the
+ * directory watches of a change stream say that a name went, not that the
+ * link count of the file it named dropped (inotify reports that only to a
+ * watch on the file itself).  Protected by fs->lock.
+ */
+struct fs_name {
+	struct sbx_hashmap_node hnode; /* fs->names, by (parent, name) */
+	struct fs_inode *inode;
+	struct fs_name *next;          /* inode->names */
+	fuse_ino_t parent;
+	char name[];
+};
 
 struct fs_inode {
 	struct sbx_node *node; /* provider reference, owned */
@@ -48,6 +66,7 @@ struct fs_inode {
 	unsigned writers;      /* opens for writing; protected by fs->lock */
 	fuse_ino_t parent;     /* last known parent; protected by fs->lock */
 	char *name;            /* last known name; protected by fs->lock */
+	struct fs_name *names; /* names handed out; protected by fs->lock */
 	/* In fs->table (findable by (dev, ino)) while linked; fs->lock. */
 	struct sbx_hashmap_node hnode;
 	struct fs_inode *stale_next; /* fs->stale; protected by fs->lock */
@@ -64,6 +83,7 @@ struct fs {
 	struct fs_inode root;
 	struct sbx_hashmap table; /* inodes by (dev, ino), but the root */
 	struct fs_inode *stale;   /* unhashed, still held by the kernel */
+	struct sbx_hashmap names; /* struct fs_name by (parent, name) */
 
 	bool watching;          /* change stream started */
 	bool cached;            /* sb is our caching layer (fs/cache.c) */
@@ -143,6 +163,34 @@ fuse_ino_t fs_inode_find(struct fs *fs, dev_t dev, ino_t ino,
 
 /* Count writers (opens for writing) of an inode. */
 void fs_inode_writers(struct fs *fs, struct fs_inode *inode, int delta);
+
+/*
+ * The name index (struct fs_name).  fs_inode_remember() records the name a
+ * reply handed out; these keep it true for what goes through the mount.
+ * Entries may outlive the kernel's dentry (it drops them silently): that
+ * costs at most a needless invalidation.  A missing entry costs a missed
+ * one, so renames and removals through the mount update it.
+ */
+/* The name was removed through the mount (unlink, rmdir). */
+void fs_names_removed(struct fs *fs, fuse_ino_t parent, const char *name);
+/* A rename through the mount succeeded (RENAME_EXCHANGE swaps). */
+void fs_names_renamed(struct fs *fs, fuse_ino_t parent, const char *name,
+		      fuse_ino_t newparent, const char *newname,
+		      unsigned flags);
+/*
+ * A change event about (parent, name): the ids of the inodes known under
+ * it (at most `cap`, in out[]), whose entries leave the index (the caller
+ * drops the kernel's dentry), and whose attributes the provider is told
+ * are old (its attr_changed; those it says the kernel should keep are
+ * left out).  Returns how many.  The ids are good for notifications only
+ * (fs_inode_find).
+ */
+size_t fs_names_take(struct fs *fs, fuse_ino_t parent, const char *name,
+		     fuse_ino_t *out, size_t cap);
+/* fs_inode_find(), and the provider is told the inode's attributes are
+ * old (its attr_changed); 0 also when it says the kernel should keep its
+ * copy. */
+fuse_ino_t fs_inode_attr_changed(struct fs *fs, dev_t dev, ino_t ino);
 
 /*
  * Call fn for every live inode with its last known (parent, name); used on

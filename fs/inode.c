@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdio.h> /* RENAME_EXCHANGE */
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,152 @@ static bool key_eq(const struct sbx_hashmap_node *hn, const void *key)
 	return in->ino == k->ino && in->dev == k->dev;
 }
 
-/* Release everything an inode owns; it is out of the table already. */
+/* ---- the name index ------------------------------------------------------ */
+
+struct name_key {
+	fuse_ino_t parent;
+	const char *name;
+};
+
+static uint64_t name_hash(fuse_ino_t parent, const char *name)
+{
+	return sbx_fnv1a_str(name) ^ (uint64_t)parent * 0x9e3779b97f4a7c15ull;
+}
+
+static bool name_eq(const struct sbx_hashmap_node *hn, const void *key)
+{
+	const struct fs_name *e = sbx_hashmap_entry(hn, struct fs_name, hnode);
+	const struct name_key *k = key;
+
+	return e->parent == k->parent && strcmp(e->name, k->name) == 0;
+}
+
+/* Unlink e from the index and from its inode's list, and free it.
+ * fs->lock held. */
+static void name_free_locked(struct fs *fs, struct fs_name *e)
+{
+	struct fs_name **pp = &e->inode->names;
+
+	while (*pp && *pp != e)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = e->next;
+	sbx_hashmap_remove(&fs->names, &e->hnode);
+	free(e);
+}
+
+/* Record that the kernel may know `in` as (parent, name).  fs->lock. */
+static void name_add_locked(struct fs *fs, struct fs_inode *in,
+			    fuse_ino_t parent, const char *name)
+{
+	struct fs_name *e, *last = NULL;
+	size_t len, count = 0;
+
+	if (!name || in == &fs->root)
+		return;
+	for (e = in->names; e; e = e->next) {
+		if (e->parent == parent && strcmp(e->name, name) == 0)
+			return;
+		last = e;
+		count++;
+	}
+	/* A file looked up under very many names: the oldest goes. */
+	if (count >= FS_NAMES_PER_INODE)
+		name_free_locked(fs, last);
+	len = strlen(name);
+	e = sbx_xmalloc(sizeof(*e) + len + 1);
+	sbx_hashmap_node_init(&e->hnode);
+	e->inode = in;
+	e->parent = parent;
+	memcpy(e->name, name, len + 1);
+	e->next = in->names;
+	in->names = e;
+	sbx_hashmap_insert(&fs->names, &e->hnode, name_hash(parent, name));
+}
+
+/* The first entry for (parent, name), or NULL.  fs->lock held. */
+static struct fs_name *name_find_locked(struct fs *fs, fuse_ino_t parent,
+					const char *name)
+{
+	struct name_key k = { parent, name };
+	struct sbx_hashmap_node *hn;
+
+	hn = sbx_hashmap_find(&fs->names, name_hash(parent, name), name_eq, &k);
+	return hn ? sbx_hashmap_entry(hn, struct fs_name, hnode) : NULL;
+}
+
+void fs_names_removed(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+	struct fs_name *e;
+
+	pthread_mutex_lock(&fs->lock);
+	while ((e = name_find_locked(fs, parent, name)))
+		name_free_locked(fs, e);
+	pthread_mutex_unlock(&fs->lock);
+}
+
+/* Move every entry of (parent, name) onto list *moved.  fs->lock held. */
+static void names_detach_locked(struct fs *fs, fuse_ino_t parent,
+				const char *name, struct fs_inode **moved,
+				size_t *n, size_t cap)
+{
+	struct fs_name *e;
+
+	while ((e = name_find_locked(fs, parent, name))) {
+		if (*n < cap)
+			moved[(*n)++] = e->inode;
+		name_free_locked(fs, e);
+	}
+}
+
+void fs_names_renamed(struct fs *fs, fuse_ino_t parent, const char *name,
+		      fuse_ino_t newparent, const char *newname,
+		      unsigned flags)
+{
+	struct fs_inode *from[4], *to[4];
+	size_t nfrom = 0, nto = 0;
+
+	pthread_mutex_lock(&fs->lock);
+	names_detach_locked(fs, parent, name, from, &nfrom, 4);
+	names_detach_locked(fs, newparent, newname, to, &nto, 4);
+	for (size_t i = 0; i < nfrom; i++)
+		name_add_locked(fs, from[i], newparent, newname);
+	if (flags & RENAME_EXCHANGE)
+		for (size_t i = 0; i < nto; i++)
+			name_add_locked(fs, to[i], parent, name);
+	pthread_mutex_unlock(&fs->lock);
+}
+
+/* The provider's cached attributes of `in` are old.  fs->lock held (the
+ * inode cannot be freed meanwhile). */
+static bool attr_changed_locked(struct fs *fs, struct fs_inode *in)
+{
+	if (in == &fs->root || !fs->sb->ops->attr_changed)
+		return true;
+	return fs->sb->ops->attr_changed(fs->sb, in->node);
+}
+
+size_t fs_names_take(struct fs *fs, fuse_ino_t parent, const char *name,
+		     fuse_ino_t *out, size_t cap)
+{
+	struct fs_inode *in[8];
+	size_t n = 0, kept = 0;
+
+	if (cap > 8)
+		cap = 8;
+	pthread_mutex_lock(&fs->lock);
+	names_detach_locked(fs, parent, name, in, &n, cap);
+	for (size_t i = 0; i < n; i++)
+		if (attr_changed_locked(fs, in[i]))
+			out[kept++] = fs_inode_id(fs, in[i]);
+	pthread_mutex_unlock(&fs->lock);
+	return kept;
+}
+
+/* ---- inodes ---------------------------------------------------------------- */
+
+/* Release everything an inode owns; it is out of the table and has no
+ * entry in the name index. */
 static void inode_free(struct fs *fs, struct fs_inode *in)
 {
 	fs->sb->ops->forget(fs->sb, in->node);
@@ -36,9 +182,17 @@ static void inode_free(struct fs *fs, struct fs_inode *in)
 	free(in);
 }
 
+/* An inode leaves the name index for good.  fs->lock held. */
+static void names_drop_locked(struct fs *fs, struct fs_inode *in)
+{
+	while (in->names)
+		name_free_locked(fs, in->names);
+}
+
 void fs_inodes_init(struct fs *fs)
 {
 	sbx_hashmap_init(&fs->table);
+	sbx_hashmap_init(&fs->names);
 }
 
 void fs_inodes_fini(struct fs *fs)
@@ -47,15 +201,22 @@ void fs_inodes_fini(struct fs *fs)
 	struct sbx_hashmap_node *hn;
 
 	sbx_hashmap_iter_init(&it, &fs->table);
-	while ((hn = sbx_hashmap_next(&it)))
-		inode_free(fs, sbx_hashmap_entry(hn, struct fs_inode, hnode));
+	while ((hn = sbx_hashmap_next(&it))) {
+		struct fs_inode *in = sbx_hashmap_entry(hn, struct fs_inode,
+							hnode);
+
+		names_drop_locked(fs, in);
+		inode_free(fs, in);
+	}
 	sbx_hashmap_fini(&fs->table);
 	while (fs->stale) {
 		struct fs_inode *in = fs->stale;
 
 		fs->stale = in->stale_next;
+		names_drop_locked(fs, in);
 		inode_free(fs, in);
 	}
+	sbx_hashmap_fini(&fs->names);
 	free(fs->root.name);
 	fs->root.name = NULL;
 }
@@ -86,11 +247,12 @@ static struct fs_inode *find_locked(struct fs *fs, dev_t dev, ino_t ino)
 	return hn ? sbx_hashmap_entry(hn, struct fs_inode, hnode) : NULL;
 }
 
-static void set_name_locked(struct fs_inode *in, fuse_ino_t parent,
-			    const char *name)
+static void set_name_locked(struct fs *fs, struct fs_inode *in,
+			    fuse_ino_t parent, const char *name)
 {
 	if (!name)
 		return;
+	name_add_locked(fs, in, parent, name);
 	if (in->parent == parent && in->name && strcmp(in->name, name) == 0)
 		return;
 	free(in->name);
@@ -123,7 +285,7 @@ static struct fs_inode *remember(struct fs *fs, fuse_ino_t parent,
 	if (in) {
 		in->nlookup++;
 		if (in != &fs->root)
-			set_name_locked(in, parent, name);
+			set_name_locked(fs, in, parent, name);
 		drop = node;
 	} else {
 		/* Allocate under the lock: rare, and keeps dedup exact. */
@@ -132,7 +294,7 @@ static struct fs_inode *remember(struct fs *fs, fuse_ino_t parent,
 		fresh->dev = st->st_dev;
 		fresh->ino = st->st_ino;
 		fresh->nlookup = 1;
-		set_name_locked(fresh, parent, name);
+		set_name_locked(fs, fresh, parent, name);
 		sbx_hashmap_insert(&fs->table, &fresh->hnode,
 				   hash(fresh->dev, fresh->ino));
 		in = fresh;
@@ -185,6 +347,7 @@ void fs_inode_forget(struct fs *fs, fuse_ino_t ino, uint64_t n)
 			if (*pp)
 				*pp = in->stale_next;
 		}
+		names_drop_locked(fs, in);
 		gone = true;
 	}
 	pthread_mutex_unlock(&fs->lock);
@@ -248,4 +411,17 @@ void fs_inode_foreach(struct fs *fs,
 		free(v[i].name);
 	}
 	free(v);
+}
+
+fuse_ino_t fs_inode_attr_changed(struct fs *fs, dev_t dev, ino_t ino)
+{
+	struct fs_inode *in;
+	fuse_ino_t id = 0;
+
+	pthread_mutex_lock(&fs->lock);
+	in = find_locked(fs, dev, ino);
+	if (in && attr_changed_locked(fs, in))
+		id = fs_inode_id(fs, in);
+	pthread_mutex_unlock(&fs->lock);
+	return id;
 }

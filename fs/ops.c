@@ -451,6 +451,8 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs *fs = fs_of(req);
 	int rc = fs->sb->ops->unlink(fs->sb, node_of(fs, parent), name);
 
+	if (rc == 0)
+		fs_names_removed(fs, parent, name);
 	reply_rc(req, "unlink", rc);
 }
 
@@ -459,6 +461,8 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs *fs = fs_of(req);
 	int rc = fs->sb->ops->rmdir(fs->sb, node_of(fs, parent), name);
 
+	if (rc == 0)
+		fs_names_removed(fs, parent, name);
 	reply_rc(req, "rmdir", rc);
 }
 
@@ -475,6 +479,8 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 	rc = fs->sb->ops->rename(fs->sb, node_of(fs, parent), name,
 				 node_of(fs, newparent), newname, flags);
+	if (rc == 0)
+		fs_names_renamed(fs, parent, name, newparent, newname, flags);
 	reply_rc(req, "rename", rc);
 }
 

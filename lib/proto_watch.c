@@ -48,6 +48,9 @@ cJSON *sbx_watch_frame_encode(const struct sbx_watch_frame *f)
 		put_u64(h, "watch_seq", f->watch_seq);
 		break;
 	case SBX_WATCH_ENTRY:
+		if (f->ino && (double)f->ino <= JSON_INT_MAX)
+			put_u64(h, "ino", f->ino);
+		/* fall through */
 	case SBX_WATCH_DATA:
 	case SBX_WATCH_ATTR:
 		sbx_json_set_str(h, "path", f->path ? f->path : "");
@@ -126,6 +129,8 @@ int sbx_watch_frame_decode(const cJSON *hdr, struct sbx_watch_frame *out)
 			return sbx_error_set(SBX_ERR_PROTO, -EPROTO,
 					     "watch: entry event for \"%s\"",
 					     path);
+		if (!get_u64(hdr, "ino", &out->ino))
+			out->ino = 0;
 	}
 	return 0;
 }

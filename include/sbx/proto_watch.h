@@ -34,6 +34,12 @@ struct sbx_watch_frame {
 	const char *name;    /* decoded entry: the last component of path */
 	const char *boot_id; /* hello */
 	uint64_t watch_seq;  /* hello, heartbeat */
+	/*
+	 * entry, optional: the inode number of what the name holds after the
+	 * change (0: nothing, or not known).  A link made to a file changes
+	 * the link count of its other names, and no event names them.
+	 */
+	uint64_t ino;
 };
 
 /* "entry" for SBX_WATCH_ENTRY, NULL for SBX_WATCH_OTHER. */
@@ -50,7 +56,8 @@ struct cJSON *sbx_watch_frame_encode(const struct sbx_watch_frame *f);
  * from `hdr`.  Rules: hello needs "boot_id" and "watch_seq"; events need
  * "seq"; entry/data/attr need a relative "path" (an entry's must name an
  * entry, not be "" or end in '/'); a heartbeat without a valid
- * "watch_seq" is OTHER.  Numbers are integers in [0, 2^53].  Returns 0 or
+ * "watch_seq" is OTHER.  Numbers are integers in [0, 2^53]; an entry's
+ * "ino" is optional (absent or not such a number: 0).  Returns 0 or
  * -EPROTO.
  */
 SBX_WUR int sbx_watch_frame_decode(const struct cJSON *hdr,

@@ -631,6 +631,19 @@ struct sbx_sandbox_ops {
 			   struct sbx_node *fresh, const struct stat *st);
 
 	/*
+	 * Optional: the attributes of `node` (held by the daemon) may have
+	 * changed in the sandbox without a change naming it: a name of it
+	 * was removed or made (a link), and a change stream watching
+	 * directories reports the name, not the file's new link count.  Drop
+	 * what is cached of them.  False: the kernel had better keep its copy
+	 * (the provider cannot ask for the attributes again: a file with no
+	 * name left in the sandbox, still open here).  Called with the
+	 * daemon's inode-table lock held: must not block on I/O nor call
+	 * back into the daemon.  When NULL, the kernel's copy is dropped.
+	 */
+	bool (*attr_changed)(struct sbx_sandbox *sb, struct sbx_node *node);
+
+	/*
 	 * Optional: is the change stream delivering right now?  The daemon
 	 * caches for long only while it is (and for 1 s otherwise).  When
 	 * NULL, a started stream counts as healthy.

@@ -223,10 +223,25 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 		return;
 	case SBX_FSWATCH_ENTRY:
 		/* Entries found by a scan (mask 0) were nobody's call. */
-		if (!ev->mask || !expect_consume(w, ev->dir_dev, ev->dir_ino,
-						 ev->name, ev->mask))
-			emit(w, SBX_CHANGE_ENTRY, ev->dir_dev, ev->dir_ino,
-			     ev->name, 0, 0);
+		if (ev->mask && expect_consume(w, ev->dir_dev, ev->dir_ino,
+					       ev->name, ev->mask))
+			return;
+		/*
+		 * With the identity of what the name holds now: a link to a
+		 * file the kernel knows by another name changed that file's
+		 * link count, and no event names it.
+		 */
+		memset(&st, 0, sizeof(st));
+		if (ev->mask & (IN_DELETE | IN_MOVED_FROM)) {
+			/* gone: nothing to stat */
+		} else {
+			path = sbx_xasprintf("%s/%s", w->root, ev->path);
+			if (lstat(path, &st) < 0)
+				memset(&st, 0, sizeof(st));
+			free(path);
+		}
+		emit(w, SBX_CHANGE_ENTRY, ev->dir_dev, ev->dir_ino, ev->name,
+		     st.st_dev, st.st_ino);
 		return;
 	case SBX_FSWATCH_DATA:
 	case SBX_FSWATCH_ATTR:

@@ -93,6 +93,7 @@ int premote_change_from_frame(const cJSON *hdr, struct sbx_change *c)
 	c->seq = f.seq;
 	c->path = f.path;
 	c->name = f.name;
+	c->ino = (ino_t)f.ino; /* entry: what the name holds now */
 	return 1;
 }
 
@@ -108,7 +109,8 @@ static void deliver(struct premote_watch *w, struct sbx_change *c)
 
 		c->dir_ino = (ino_t)premote_ino_at(s, dir);
 		free(dir);
-		c->ino = (ino_t)premote_ino_at(s, c->path);
+		/* c->ino: the agent's word (the name's object after the
+		 * change), not what the name held before. */
 	} else if (c->kind != SBX_CHANGE_OVERFLOW) {
 		c->ino = (ino_t)premote_ino_at(s, c->path);
 	}

@@ -1176,7 +1176,8 @@ class FaultGen:
             if name == "pread":
                 fd, m, _ = self.slots[op[1]]
                 d = os.pread(fd, op[2], op[3])
-                return ("ok", d), self.check_read(m, d, op[2], op[3])
+                return ("ok", d), self.check_read(
+                    m, d, op[2], op[3], lambda at: cut_by_error(fd, at))
             if name == "fsync":
                 fd, m, _ = self.slots[op[1]]
                 try:
@@ -1254,11 +1255,15 @@ class FaultGen:
         if m is not None:
             m.names.discard(name)
 
-    def check_read(self, m, d, n, off):
+    def check_read(self, m, d, n, off, cut=None):
         """(severity, text) when a successful read contradicts the model:
         "corrupt" if it contradicts acknowledged bytes nothing has touched
         since, "ryw" if only bytes written (write() returned) but not yet
-        acknowledged (read-your-writes); None if it agrees."""
+        acknowledged (read-your-writes); None if it agrees.  cut(at): True
+        when a read at `at` fails -- a read that came back short because
+        of an I/O error after it had copied some bytes (what read(2) does
+        on any file system: the pages the kernel held, then the error),
+        which claims nothing about the bytes it did not return."""
         val, mask = m.acked()
         kn = mask[off:off + n]
         j = kn.find(b"\1", len(d))
@@ -1270,6 +1275,8 @@ class FaultGen:
             return ("corrupt", f"byte {off + i}: read {d[i]:#x}, acknowledged "
                                f"{val[off + i]:#x}")
         if short:
+            if cut and cut(off + len(d)):
+                return None
             return ("corrupt", f"read {len(d)} bytes at {off}: acknowledged "
                                f"byte {off + short[0]} missing")
         val, known, size = m.view()
@@ -1312,6 +1319,15 @@ class FaultGen:
                          "size": m.size if m.size_known else None,
                          "acked": sum(m.known)}
         return idx
+
+
+def cut_by_error(fd, at):
+    """Does reading fd at `at` fail (EIO during an outage, say)?"""
+    try:
+        os.pread(fd, 1, at)
+    except OSError:
+        return True
+    return False
 
 
 def worker_fault(spec):

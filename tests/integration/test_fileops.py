@@ -990,6 +990,43 @@ def test_worktree_changes_show_through_mount(sandbox):
     poll(lambda: (m / "ext").exists(), False)
 
 
+def test_link_counts_follow_links_made_in_the_worktree(sandbox):
+    """A link made or removed in the worktree changes the link count of
+    the file's other names, which no change event names (inotify tells
+    only a watch on the file itself): the mount's count must follow
+    anyway, without the new name being looked up first."""
+    m, w = sandbox.mnt, sandbox.worktree
+    (w / "links").mkdir()
+    poll(lambda: (m / "links").is_dir(), True)
+    (m / "f").write_text("linked")
+    for _ in range(2):                       # attributes cached
+        assert os.stat(m / "f").st_nlink == 1
+
+    os.link(w / "f", w / "links" / "g")      # a directory not looked into
+    poll(lambda: os.stat(m / "f").st_nlink, 2)
+    os.link(w / "f", w / "h")
+    poll(lambda: os.stat(m / "f").st_nlink, 3)
+    assert os.stat(m / "links" / "g").st_nlink == 3
+    assert os.stat(m / "h").st_nlink == 3
+
+    # removals of names the mount knows
+    os.unlink(w / "links" / "g")
+    poll(lambda: os.stat(m / "f").st_nlink, 2)
+    os.unlink(w / "h")
+    poll(lambda: os.stat(m / "f").st_nlink, 1)
+    assert read_bytes(m / "f") == b"linked"
+
+    # a descriptor on a file removed in the worktree still answers
+    # fstat (a local disk says 0 links; remote keeps what it knew)
+    fd = os.open(m / "f", os.O_RDONLY)
+    try:
+        os.unlink(w / "f")
+        poll(lambda: (m / "f").exists(), False)
+        assert os.fstat(fd).st_nlink in (0, 1)
+    finally:
+        os.close(fd)
+
+
 def test_mount_writes_reach_worktree_at_once(sandbox):
     m, w = sandbox.mnt, sandbox.worktree
     with open(m / "w.txt", "wb") as fh:

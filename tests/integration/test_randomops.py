@@ -228,6 +228,16 @@ def test_fault_model_real_loss_still_found():
     assert "beyond" in verdict(m, b"aacaaaaaX")             # not theirs
     gen = randomops.FaultGen(None, "/nonexistent")
     assert gen.check_read(m, b"aacaxaaa", 100, 0)[0] == "corrupt"
+    # Short: excused only when a read where it stopped fails (the kernel
+    # returned the pages it had, then met the error); at the end of the
+    # file, acknowledged bytes are missing.
+    assert gen.check_read(m, b"aaca", 100, 0, lambda at: True) is None
+    assert gen.check_read(m, b"aaca", 100, 0,
+                          lambda at: False)[0] == "corrupt"
+    assert gen.check_read(m, b"aaxa", 100, 0,
+                          lambda at: True)[0] == "corrupt"  # wrong bytes
+    with open(os.devnull, "rb") as f:           # a read there gives EOF
+        assert not randomops.cut_by_error(f.fileno(), 0)
     # Without a failed write the size is exact.
     m = model_after([("w", 0, b"a" * 10)])
     assert "size" in verdict(m, b"a" * 11)

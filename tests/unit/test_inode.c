@@ -336,6 +336,118 @@ static void test_many_and_foreach(void **state)
 	free(ids);
 }
 
+/* fs_names_take's answer for (parent, name), as a count and the first. */
+static size_t take(struct env *e, fuse_ino_t parent, const char *name,
+		   fuse_ino_t *first)
+{
+	fuse_ino_t out[8];
+	size_t n = fs_names_take(&e->fs, parent, name, out, 8);
+
+	*first = n ? out[0] : 0;
+	return n;
+}
+
+/*
+ * The name index: an event about a name reaches the inode the kernel
+ * knows under it (a hard-linked file's other names need their link count
+ * again), under every name it was handed out as, and it follows renames
+ * and removals made through the mount.
+ */
+static void test_names_find_the_inode_of_a_name(void **state)
+{
+	struct env *e = *state;
+	struct fs_inode *f = remember(e, FUSE_ROOT_ID, "f", 1, 1, 10);
+	struct fs_inode *g = remember(e, FUSE_ROOT_ID, "g", 2, 1, 10);
+	struct fs_inode *x;
+	fuse_ino_t id = fs_inode_id(&e->fs, f), got;
+
+	assert_ptr_equal(f, g); /* links share the inode */
+	assert_int_equal(take(e, FUSE_ROOT_ID, "g", &got), 1);
+	assert_int_equal(got, id);
+	/* taken: the kernel's dentry goes with the event */
+	assert_int_equal(take(e, FUSE_ROOT_ID, "g", &got), 0);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "f", &got), 1);
+	assert_int_equal(got, id);
+	assert_int_equal(take(e, id, "f", &got), 0); /* another directory */
+
+	/* a rename through the mount moves the name */
+	(void)remember(e, FUSE_ROOT_ID, "f", 3, 1, 10);
+	fs_names_renamed(&e->fs, FUSE_ROOT_ID, "f", FUSE_ROOT_ID, "h", 0);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "f", &got), 0);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "h", &got), 1);
+	assert_int_equal(got, id);
+
+	/* an exchange swaps; a removal forgets */
+	x = remember(e, FUSE_ROOT_ID, "x", 4, 1, 20);
+	(void)remember(e, FUSE_ROOT_ID, "f", 5, 1, 10);
+	fs_names_renamed(&e->fs, FUSE_ROOT_ID, "f", FUSE_ROOT_ID, "x",
+			 RENAME_EXCHANGE);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "x", &got), 1);
+	assert_int_equal(got, id);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "f", &got), 1);
+	assert_int_equal(got, fs_inode_id(&e->fs, x));
+	(void)remember(e, FUSE_ROOT_ID, "x", 6, 1, 20);
+	fs_names_removed(&e->fs, FUSE_ROOT_ID, "x");
+	assert_int_equal(take(e, FUSE_ROOT_ID, "x", &got), 0);
+
+	/* forgotten inodes leave the index (ASan: nothing leaks) */
+	(void)remember(e, FUSE_ROOT_ID, "y", 7, 1, 20);
+	fs_inode_forget(&e->fs, fs_inode_id(&e->fs, x), x->nlookup);
+	assert_int_equal(take(e, FUSE_ROOT_ID, "y", &got), 0);
+}
+
+/* A file looked up under very many names keeps the newest few. */
+static void test_names_are_bounded_per_inode(void **state)
+{
+	struct env *e = *state;
+	char name[16];
+	fuse_ino_t got;
+
+	for (int i = 0; i < FS_NAMES_PER_INODE + 5; i++) {
+		snprintf(name, sizeof(name), "n%d", i);
+		(void)remember(e, FUSE_ROOT_ID, name, 100 + i, 1, 30);
+	}
+	assert_int_equal(take(e, FUSE_ROOT_ID, "n0", &got), 0);
+	snprintf(name, sizeof(name), "n%d", FS_NAMES_PER_INODE + 4);
+	assert_int_equal(take(e, FUSE_ROOT_ID, name, &got), 1);
+}
+
+static bool keep_kernel_copy;
+static int attr_changed_calls;
+
+static bool f_attr_changed(struct sbx_sandbox *sb, struct sbx_node *node)
+{
+	(void)sb;
+	(void)node;
+	attr_changed_calls++;
+	return !keep_kernel_copy;
+}
+
+/* The provider hears of every inode an event reaches, and may ask that the
+ * kernel keep its copy of the attributes. */
+static void test_names_tell_the_provider(void **state)
+{
+	struct env *e = *state;
+	struct sbx_sandbox_ops ops = fake_ops;
+	struct fs_inode *f;
+	fuse_ino_t got;
+
+	ops.attr_changed = f_attr_changed;
+	e->sb.ops = &ops;
+	attr_changed_calls = 0;
+	f = remember(e, FUSE_ROOT_ID, "f", 1, 1, 10);
+	keep_kernel_copy = true;
+	assert_int_equal(take(e, FUSE_ROOT_ID, "f", &got), 0);
+	assert_int_equal(fs_inode_attr_changed(&e->fs, 1, 10), 0);
+	assert_int_equal(attr_changed_calls, 2);
+	keep_kernel_copy = false;
+	assert_int_equal(fs_inode_attr_changed(&e->fs, 1, 10),
+			 fs_inode_id(&e->fs, f));
+	assert_int_equal(fs_inode_attr_changed(&e->fs, 1, 11), 0);
+	assert_int_equal(attr_changed_calls, 3);
+	e->sb.ops = &fake_ops; /* teardown forgets through it */
+}
+
 /* The caching decorator needs a path-based sandbox (node_at). */
 static void test_cache_supported(void **state)
 {
@@ -367,6 +479,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_writers, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_many_and_foreach, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(
+			test_names_find_the_inode_of_a_name, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_names_are_bounded_per_inode, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_names_tell_the_provider,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cache_supported, setup,
 						teardown),
 	};

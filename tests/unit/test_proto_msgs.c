@@ -522,6 +522,22 @@ static void test_watch_frames(void **state)
 	assert_int_equal(g.seq, 9);
 	assert_string_equal(g.path, "d/e/n");
 	assert_string_equal(g.name, "n");
+	assert_int_equal(g.ino, 0); /* none sent: none decoded */
+	cJSON_Delete(j);
+	/* An entry with what the name holds now. */
+	f.ino = 4242;
+	text = print_take(sbx_watch_frame_encode(&f));
+	assert_string_equal(text, "{\"seq\":9,\"kind\":\"entry\",\"ino\":4242,"
+				  "\"path\":\"d/e/n\"}");
+	j = parse(text);
+	free(text);
+	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
+	assert_int_equal(g.ino, 4242);
+	cJSON_Delete(j);
+	/* Not a usable number: the event stands, without an identity. */
+	j = parse("{\"seq\":1,\"kind\":\"entry\",\"path\":\"a\",\"ino\":-3}");
+	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
+	assert_int_equal(g.ino, 0);
 	cJSON_Delete(j);
 	f = (struct sbx_watch_frame){ .kind = SBX_WATCH_OVERFLOW, .seq = 10 };
 	text = print_take(sbx_watch_frame_encode(&f));
