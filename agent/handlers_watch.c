@@ -43,6 +43,7 @@ struct wevent {
 struct agent_watch {
 	struct sbx_fswatch *fw;
 	const char *root;     /* the agent's root_path, borrowed */
+	dev_t root_dev;       /* its st_dev */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	uint64_t seq;         /* protected by lock: the last event's number */
@@ -90,11 +91,13 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	 * which a later event says.
 	 */
 	if (kind == SBX_FSWATCH_ENTRY &&
-	    !(ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
+	    !(ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR))) {
 		char *full = sbx_xasprintf("%s/%s", w->root, path);
 		struct stat st;
 
-		if (lstat(full, &st) == 0)
+		/* A file system mounted below the root: clients number its
+		 * inodes their own way (premote_fix_stat), so say nothing. */
+		if (lstat(full, &st) == 0 && st.st_dev == w->root_dev)
 			ino = (uint64_t)st.st_ino;
 		free(full);
 	}
@@ -119,6 +122,11 @@ int agent_watch_start(struct agent *a)
 	pthread_cond_init(&w->cond, NULL);
 	w->ring = sbx_xcalloc(RING_SIZE, sizeof(*w->ring));
 	w->root = a->root_path;
+	{
+		struct stat rst;
+
+		w->root_dev = lstat(a->root_path, &rst) == 0 ? rst.st_dev : 0;
+	}
 	a->watch = w;
 	rc = sbx_fswatch_new(&w->fw, a->root_path, on_event, w);
 	if (rc < 0)

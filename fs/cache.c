@@ -1230,19 +1230,23 @@ static bool c_attr_changed(struct sbx_sandbox *sb, struct sbx_node *node)
 {
 	struct cache *c = CACHE(sb);
 	struct cnode *n = CNODE(node);
-	bool named = !S_ISREG(n->st.st_mode);
+	bool named = false;
 
 	cache_lock(c);
 	tree_invalidate_file(n);
 	/*
-	 * A file with no name known to be there (all removed or moved in
-	 * the sandbox, or unknown since an event), open here: asked again,
-	 * it would say ENOENT or ESTALE to the descriptor's fstat().  The
-	 * kernel's copy is better.
+	 * What a name change says of a directory (its links are its
+	 * subdirectories) comes from events in it.  A file with no name
+	 * known to be there (all removed or moved in the sandbox, or
+	 * unknown since an event), open here: asked again, either would say
+	 * ENOENT or ESTALE to a descriptor's fstat() or a shell's `stat .`.
+	 * The kernel's copy is better.
 	 */
-	tree_for_each_name(a, n)
-		named |= a->slot == S_PRESENT;
-	cache_unlock(c);
+	if (!S_ISDIR(n->st.st_mode))
+		tree_for_each_name(a, n)
+			named |= a->slot == S_PRESENT;
+	/* Not cache_unlock(): no disk jobs under the daemon's lock. */
+	pthread_mutex_unlock(&c->lock);
 	return named;
 }
 

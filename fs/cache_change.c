@@ -228,25 +228,27 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		}
 	}
 	cache_unlock(c);
-	if (ch->kind == SBX_CHANGE_ENTRY && ch->ino) {
-		/*
-		 * What the name holds now, in the provider's word: the file
-		 * a link was made to, whose other names' link count changed.
-		 * (What it held before is the daemon's to find: its name
-		 * index.)  The daemon has our node of it drop its attributes
-		 * (c_attr_changed).
-		 */
-		memset(&objst, 0, sizeof(objst));
-		objst.st_dev = ch->dev;
-		objst.st_ino = ch->ino;
-		have_obj = true;
-	}
 	if (ch->kind == SBX_CHANGE_ENTRY) {
-		/* A directory we do not know: the kernel knows nothing in
-		 * it, but may know the object by another name. */
-		if (have_dir || have_obj)
+		/*
+		 * The objects the name held (our node of it) and holds now
+		 * (the provider's word, ch->ino: a file a link was made to,
+		 * whose other names' link count changed): the daemon has
+		 * our nodes of them drop their attributes (c_attr_changed)
+		 * and the kernel its copy.  A directory we do not know: the
+		 * kernel knows nothing in it, but may know the objects by
+		 * other names.
+		 */
+		struct stat nowst;
+
+		memset(&nowst, 0, sizeof(nowst));
+		nowst.st_dev = ch->dev;
+		nowst.st_ino = ch->ino;
+		if (have_dir || have_obj || ch->ino)
 			forward(c, SBX_CHANGE_ENTRY, have_dir ? &dirst : NULL,
-				name, have_obj ? &objst : NULL);
+				name,
+				ch->ino ? &nowst : have_obj ? &objst : NULL);
+		if (ch->ino && have_obj && objst.st_ino != ch->ino)
+			forward(c, SBX_CHANGE_ENTRY, NULL, NULL, &objst);
 	} else if (have_obj) {
 		forward(c, ch->kind, NULL, NULL, &objst);
 	}

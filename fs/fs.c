@@ -146,23 +146,27 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 
 	switch (c->kind) {
 	case SBX_CHANGE_ENTRY:
-		parent = fs_inode_find(fs, c->dir_dev, c->dir_ino, NULL);
-		nobj = parent ? fs_names_take(fs, parent, c->name, obj, 8) : 0;
-		/* The object the name holds now, when the provider knows it:
-		 * a link made to a file the kernel knows by another name,
+		/* (No directory: a change about the object alone.) */
+		parent = c->dir_ino ? fs_inode_find(fs, c->dir_dev, c->dir_ino,
+						    NULL)
+				    : 0;
+		nobj = parent && c->name
+			       ? fs_names_take(fs, parent, c->name, obj, 8)
+			       : 0;
+		/* The object the name holds, when the provider knows it: a
+		 * link made to a file the kernel knows by another name,
 		 * maybe in a directory the kernel has not seen. */
-		if (c->ino && nobj < 9 &&
-		    (ino = fs_inode_attr_changed(fs, c->dev, c->ino)))
+		if (c->ino && (ino = fs_inode_attr_changed(fs, c->dev, c->ino)))
 			obj[nobj++] = ino;
-		if (parent) {
-			note_entry_change(fs, parent, c->name);
-			/* Drops the dentry (positive or negative)... */
-			fuse_lowlevel_notify_inval_entry(fs->se, parent,
-							 c->name,
-							 strlen(c->name));
-			/* ...and the directory's attributes and listing. */
-			fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
-		}
+		if (!parent || !c->name)
+			goto objects;
+		note_entry_change(fs, parent, c->name);
+		/* Drops the dentry (positive or negative)... */
+		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
+						 strlen(c->name));
+		/* ...and the directory's attributes and listing... */
+		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
+	objects:
 		/*
 		 * ...and the attributes of the objects the name held or
 		 * holds: their link count and ctime changed, and a change
@@ -170,10 +174,15 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		 * for that (inotify tells only a watch on the file itself).
 		 * Pages stay.
 		 */
-		for (size_t i = 0; i < nobj; i++)
-			if (obj[i] != parent)
+		for (size_t i = 0; i < nobj; i++) {
+			bool seen = obj[i] == parent;
+
+			for (size_t j = 0; j < i && !seen; j++)
+				seen = obj[j] == obj[i];
+			if (!seen)
 				fuse_lowlevel_notify_inval_inode(fs->se, obj[i],
 								 -1, 0);
+		}
 		break;
 	case SBX_CHANGE_DATA:
 	case SBX_CHANGE_ATTR:

@@ -9,12 +9,14 @@
  * Inodes are keyed by the provider's (st_dev, st_ino), so hard links and
  * repeated lookups share one kernel inode.
  *
- * Lock order: fs->lock, then a provider's own locks (node_stale is called
- * under fs->lock).
+ * Lock order: fs->lock, then a provider's own locks (node_stale and
+ * attr_changed are called under fs->lock; they take only the provider's
+ * locks and send no request to the sandbox).
  *
- * Locking.  fs->lock protects the inode table and every inode's `nlookup`,
- * `parent`/`name` and `writers`.  It is never held across a provider call
- * or a fuse_lowlevel_notify_* call (the kernel may need a worker thread to
+ * Locking.  fs->lock protects the inode table, the name index (fs->names
+ * and every inode's `names`) and every inode's `nlookup`, `parent`/`name`
+ * and `writers`.  It is never held across any other provider call or a
+ * fuse_lowlevel_notify_* call (the kernel may need a worker thread to
  * answer a request before a notification returns).
  *
  * Cache rule (docs/design.md): while the provider's change stream is live,
@@ -83,7 +85,7 @@ struct fs {
 	struct fs_inode root;
 	struct sbx_hashmap table; /* inodes by (dev, ino), but the root */
 	struct fs_inode *stale;   /* unhashed, still held by the kernel */
-	struct sbx_hashmap names; /* struct fs_name by (parent, name) */
+	struct sbx_hashmap names; /* struct fs_name by (parent, name); lock */
 
 	bool watching;          /* change stream started */
 	bool cached;            /* sb is our caching layer (fs/cache.c) */

@@ -127,6 +127,8 @@ static void names_detach_locked(struct fs *fs, fuse_ino_t parent,
 	}
 }
 
+/* (Renames and takes keep at most a few inodes per name: more under one
+ * name are stale inodes of removed files, and their entries just go.) */
 void fs_names_renamed(struct fs *fs, fuse_ino_t parent, const char *name,
 		      fuse_ino_t newparent, const char *newname,
 		      unsigned flags)

@@ -48,7 +48,7 @@ cJSON *sbx_watch_frame_encode(const struct sbx_watch_frame *f)
 		put_u64(h, "watch_seq", f->watch_seq);
 		break;
 	case SBX_WATCH_ENTRY:
-		if (f->ino && (double)f->ino <= JSON_INT_MAX)
+		if (f->ino && f->ino <= (1ULL << 53))
 			put_u64(h, "ino", f->ino);
 		/* fall through */
 	case SBX_WATCH_DATA:

@@ -236,8 +236,9 @@ struct sbx_change {
 	dev_t dir_dev;        /* parent directory of `name` */
 	ino_t dir_ino;        /* (0 when unknown) */
 	const char *name;     /* entry name in dir, NULL when not about a name */
-	dev_t dev;            /* the changed object itself */
-	ino_t ino;            /* (0 when unknown) */
+	dev_t dev;            /* the changed object itself; for ENTRY, an */
+	ino_t ino;            /* object the name held or now holds (whose
+			       * link count changed); 0 when unknown */
 	/*
 	 * Path-based providers (remote) name the object by its path relative
 	 * to the sandbox root instead ("" is the root; NULL when unused).

@@ -232,8 +232,8 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 		 * link count, and no event names it.
 		 */
 		memset(&st, 0, sizeof(st));
-		if (ev->mask & (IN_DELETE | IN_MOVED_FROM)) {
-			/* gone: nothing to stat */
+		if (ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR)) {
+			/* gone, or a directory (no hard links) */
 		} else {
 			path = sbx_xasprintf("%s/%s", w->root, ev->path);
 			if (lstat(path, &st) < 0)

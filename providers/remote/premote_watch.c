@@ -109,8 +109,9 @@ static void deliver(struct premote_watch *w, struct sbx_change *c)
 
 		c->dir_ino = (ino_t)premote_ino_at(s, dir);
 		free(dir);
-		/* c->ino: the agent's word (the name's object after the
-		 * change), not what the name held before. */
+		/* c->ino: the agent's word (what the name holds after the
+		 * change; 0 for a removal).  The caching layer adds what it
+		 * held before, from its own nodes. */
 	} else if (c->kind != SBX_CHANGE_OVERFLOW) {
 		c->ino = (ino_t)premote_ino_at(s, c->path);
 	}

@@ -1025,6 +1025,14 @@ def test_link_counts_follow_links_made_in_the_worktree(sandbox):
         assert os.fstat(fd).st_nlink in (0, 1)
     finally:
         os.close(fd)
+    # ...and so does one on a directory moved away there
+    fd = os.open(m / "links", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(w / "links", w / "moved")
+        poll(lambda: (m / "links").exists(), False)
+        assert stat.S_ISDIR(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def test_mount_writes_reach_worktree_at_once(sandbox):

@@ -1906,6 +1906,54 @@ static void *rmdir_main(void *arg)
 }
 
 /*
+ * The last close's removal of a hidden name fails (the sandbox out of
+ * reach): the hidden file is still there, so it must go on counting as
+ * hidden, not as a link the user sees, and an rmdir of its directory must
+ * still move it out and remove it.  Forgotten, it stayed for good: an
+ * invisible file that made the rmdir say ENOTEMPTY and a link count one
+ * too high (random tester, fault runs of 2026-12-07).
+ */
+static void test_failed_hidden_removal_is_kept_and_retried(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *dir, *f, *made;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[160], moved[128];
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	f = tc_walk_path(e->cache, "s/f", false, &st);
+	snprintf(moved, sizeof(moved), ".sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	snprintf(hidden, sizeof(hidden), "s/%s", moved);
+	assert_int_equal(e->ops->link(e->cache, f, dir, "g", &made, &st), 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+
+	/* The last close cannot remove it. */
+	assert_int_equal(pmem_fail(e->mem, "unlink", -EIO, 1), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+	assert_int_equal(st.st_nlink, 2);
+	/* g's count leaves the hidden name out. */
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 1);
+
+	/* The directory can go: the hidden file moves out and is removed. */
+	assert_int_equal(e->ops->unlink(e->cache, dir, "g"), 0);
+	assert_int_equal(e->ops->rmdir(e->cache, e->root, "s"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "s", &st), -ENOENT);
+	assert_int_equal(pmem_ext_stat(e->mem, moved, &st), -ENOENT);
+	e->ops->forget(e->cache, f);
+	e->ops->forget(e->cache, dir);
+}
+
+/*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
  * arrives while the move is out (parked after the rename, at the forget of
@@ -2300,6 +2348,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rmdir_moves_hidden_files_out, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_failed_hidden_removal_is_kept_and_retried, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
 			teardown),
