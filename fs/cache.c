@@ -703,6 +703,13 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	 */
 	out->created = (flags & O_EXCL) ||
 		       (expect && S_ISREG(st->st_mode) && st->st_nlink <= 1);
+	if (out->created && st->st_nlink <= 1) {
+		/* Names a dead file left under its number are not its. */
+		cache_lock(c);
+		if (!k->in_ring)
+			tree_ring_retire(c, st->st_ino);
+		cache_unlock(c);
+	}
 	*node_out = (struct sbx_node *)k;
 	return 0;
 }

@@ -598,6 +598,13 @@ void tree_invalidate_file(struct cnode *n);
 /* n is gone or another object now: leave its hard-link ring. */
 void tree_ring_leave(struct cache *c, struct cnode *n);
 /*
+ * The sandbox just gave inode number `ino` to a file it made (a create
+ * that made its file): no other file has it, so the ring of names kept
+ * under it is a dead file's.  Its members leave it, and hidden names in
+ * it are gone from the sandbox (slot S_ABSENT).  c->lock held.
+ */
+void tree_ring_retire(struct cache *c, ino_t ino);
+/*
  * Open files of n's file holding unpushed bytes: those counted on n and on
  * its other names (a write through one name changes the size and content
  * every name shows).  Attribute and content checks ask this; what is about
