@@ -187,6 +187,13 @@ struct cnode {
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
 	/*
+	 * The sandbox path of a hidden name this node's file may have been
+	 * given by a silly rename whose answer was lost (the sandbox out of
+	 * reach: it may or may not have done it), or NULL.  Removed once
+	 * nothing has the file open (silly_sweep_locked).  c->lock.
+	 */
+	char *ghost;
+	/*
 	 * Removals of this hidden name started or ended (two each): odd
 	 * while one is out (cnode_unhiding) -- the slot is already S_ABSENT
 	 * but the link still counts in the sandbox's link count -- and a

@@ -557,4 +557,6 @@ void tree_free(struct cache *c, struct cnode *n)
 	content_drop(c, n);
 	free(n->link);
 	n->link = NULL;
+	free(n->ghost);
+	n->ghost = NULL;
 }

@@ -2003,6 +2003,57 @@ static void test_new_file_under_a_kept_hidden_name(void **state)
 }
 
 /*
+ * A silly rename whose answer is lost (the sandbox did it, the call said
+ * EIO): the file sits under a hidden name the user never sees.  Once
+ * nothing has it open it must go -- left, it counted as a link of the
+ * file's other names and kept its directory from being removed
+ * (ENOTEMPTY; random tester's fault runs).  Both ways: at the last close,
+ * and, when that close could not reach the sandbox, at the rmdir.
+ */
+static void test_hidden_rename_with_lost_answer_is_swept(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *dir, *f, *made;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[160];
+
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+		assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+		tc_settle(e);
+		dir = tc_walk_path(e->cache, "s", false, &st);
+		f = tc_walk_path(e->cache, "s/f", false, &st);
+		snprintf(hidden, sizeof(hidden), "s/.sbx-silly.%llu.%d",
+			 (unsigned long long)st.st_ino, round + 1);
+		assert_int_equal(e->ops->link(e->cache, f, dir, "g", &made,
+					      &st),
+				 0);
+		e->ops->forget(e->cache, made);
+		assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
+		/* The rename is done, its answer lost. */
+		assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
+		assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
+		sbx_error_clear();
+		assert_int_equal(pmem_ext_rename(e->mem, "s/f", hidden, 0), 0);
+		tc_settle(e);
+		if (round == 1)
+			assert_int_equal(pmem_fail(e->mem, "unlink", -EIO, 1),
+					 0);
+		assert_int_equal(tc_close(e, fh), 0);
+		assert_int_equal(pmem_ext_stat(e->mem, hidden, &st),
+				 round == 0 ? -ENOENT : 0);
+		/* g has its one link back... */
+		assert_int_equal(e->ops->unlink(e->cache, dir, "g"), 0);
+		/* ...and the directory can go. */
+		assert_int_equal(e->ops->rmdir(e->cache, e->root, "s"), 0);
+		assert_int_equal(pmem_ext_stat(e->mem, "s", &st), -ENOENT);
+		e->ops->forget(e->cache, f);
+		e->ops->forget(e->cache, dir);
+	}
+}
+
+/*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
  * arrives while the move is out (parked after the rename, at the forget of
@@ -2402,6 +2453,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_new_file_under_a_kept_hidden_name, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_hidden_rename_with_lost_answer_is_swept, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
