@@ -192,6 +192,10 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 			return;
 		path = g->ghost;
 		g->ghost = NULL;
+		/* Out: a count fetched across it is unsettled (as for a
+		 * hidden name's removal, unlink_hidden_locked). */
+		g->unhides++;
+		c->unhides_all++;
 		cache_unlock(c);
 		slash = strrchr(path, '/');
 		dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
@@ -207,20 +211,31 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 			sbx_info("removed %s, left by a hidden rename whose "
 				 "answer was lost", path);
 		cache_lock(c);
-		if (rc < 0 && rc != -ENOENT) {
-			sbx_error_clear();
-			if (!g->ghost) {
-				g->ghost = path; /* next time */
-				return;
-			}
-		} else {
-			sbx_error_clear();
-			/* One link less, maybe: ask the sandbox. */
-			tree_invalidate_file(g);
-			c->unhides_all += 2;
+		g->unhides++; /* done */
+		c->unhides_all++;
+		sbx_error_clear();
+		if (rc < 0 && rc != -ENOENT && !g->ghost) {
+			g->ghost = path; /* next time */
+			return;
 		}
+		if (rc < 0 && rc != -ENOENT)
+			sbx_warn("hidden name %s may be left in the sandbox "
+				 "(a later one of the file is kept instead)",
+				 path);
+		/* One link less, maybe: ask the sandbox. */
+		tree_invalidate_file(g);
 		free(path);
+		if (rc < 0 && rc != -ENOENT)
+			return;
 	}
+}
+
+/* An error that says the request may have been done in the sandbox, its
+ * answer lost (the connection cut or timed out after it was sent). */
+static bool outcome_unknown(int rc)
+{
+	return rc == -EIO || rc == -ETIMEDOUT || rc == -ECONNRESET ||
+	       rc == -ECONNABORTED || rc == -EPIPE;
 }
 
 /*
@@ -290,8 +305,12 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 	if (rc < 0) {
 		change_expect_cancel(c, e1);
 		change_expect_cancel(c, e2);
-		if (rc == -EIO) {
-			/* The sandbox may have done it: see to it later. */
+		if (outcome_unknown(rc)) {
+			/* The sandbox may have done it: see to it once
+			 * nothing has the file open (maybe now: the last
+			 * close may have come while the rename was out). */
+			int keep = rc;
+
 			cache_lock(c);
 			dp = tree_path_of(dir);
 			if (dp && !k->ghost) {
@@ -299,9 +318,17 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 							       hidden)
 					       : sbx_xstrdup(hidden);
 				tree_invalidate_file(k);
+				silly_sweep_locked(c, k);
+			} else if (dp) {
+				sbx_warn("hidden name %s/%s may be left in "
+					 "the sandbox", dp, hidden);
 			}
 			cache_unlock(c);
 			free(dp);
+			rc = keep;
+			sbx_error_set(SBX_ERR_REMOTE, rc,
+				      "could not move '%s' out of the way of "
+				      "its removal: %s", name, strerror(-rc));
 		}
 		free(hidden);
 		if (rc != -ENOENT)
