@@ -624,7 +624,7 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct cfile *f;
 	struct stat fst;
 	unsigned long unhides;
-	bool expect, unsettled;
+	bool expect, unsettled, created;
 	int rc = cache_check_name(name);
 
 	if (rc < 0)
@@ -683,17 +683,6 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 		st->st_nlink = tree_visible_nlink(k, st->st_nlink);
 		cache_unlock(c);
 	}
-	if (S_ISREG(st->st_mode) && st->st_size == 0) {
-		/* Empty: its whole content is known, reads need not ask. */
-		cache_lock(c);
-		content_store(c, k, "", 0, st);
-		cache_unlock(c);
-	}
-	f = wb_file_new(k, flags);
-	count_open(c, k, f);
-	memset(out, 0, sizeof(*out));
-	out->fh = (struct sbx_file *)f;
-	out->keep_cache = true;
 	/*
 	 * O_EXCL, or the name known free and the file with one link: a new
 	 * file.  (A name known free may hold a file made behind us just now,
@@ -701,15 +690,22 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	 * too; with more, a hard link of a file the kernel may hold, which
 	 * node_stale must tie to it.)
 	 */
-	out->created = (flags & O_EXCL) ||
-		       (expect && S_ISREG(st->st_mode) && st->st_nlink <= 1);
-	if (out->created && st->st_nlink <= 1) {
-		/* Names a dead file left under its number are not its. */
-		cache_lock(c);
-		if (!k->in_ring)
-			tree_ring_retire(c, st->st_ino);
-		cache_unlock(c);
-	}
+	created = (flags & O_EXCL) ||
+		  (expect && S_ISREG(st->st_mode) && st->st_nlink <= 1);
+	cache_lock(c);
+	/* Empty: its whole content is known, reads need not ask. */
+	if (S_ISREG(st->st_mode) && st->st_size == 0)
+		content_store(c, k, "", 0, st);
+	/* Names a dead file left under its number are not its. */
+	if (created && st->st_nlink <= 1 && !k->in_ring)
+		tree_ring_retire(c, st->st_ino);
+	cache_unlock(c);
+	f = wb_file_new(k, flags);
+	count_open(c, k, f);
+	memset(out, 0, sizeof(*out));
+	out->fh = (struct sbx_file *)f;
+	out->keep_cache = true;
+	out->created = created;
 	*node_out = (struct sbx_node *)k;
 	return 0;
 }

@@ -66,6 +66,49 @@ static bool removable(const struct cnode *a)
 	return a->hidden && a->slot != S_ABSENT && a->parent && !a->moving;
 }
 
+static bool has_ghost(const struct cnode *a)
+{
+	return a->ghost != NULL;
+}
+
+/* n, or the first other name of n's file, for which `is` holds; NULL when
+ * none does.  c->lock held. */
+static struct cnode *name_where(struct cnode *n,
+				bool (*is)(const struct cnode *))
+{
+	struct cnode *a = n;
+
+	do {
+		if (is(a))
+			return a;
+		a = a->in_ring ? a->ring_next : n;
+	} while (a != n);
+	return NULL;
+}
+
+/*
+ * Remove hidden name `name` of sandbox directory `dir` ("" for the root;
+ * NULL: the directory is gone).  No change event is expected: those of
+ * hidden names are dropped (change_expect).  No lock held.  0, or a
+ * negative errno with the error set (-ENOENT: it is not there).
+ */
+static int unlink_in_sandbox(struct cache *c, const char *dir,
+			     const char *name)
+{
+	struct sbx_node *in;
+	int rc;
+
+	if (!dir)
+		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				     "directory gone");
+	rc = cache_inner_node(c, dir, &in);
+	if (rc < 0)
+		return rc;
+	rc = c->inner->ops->unlink(c->inner, in, name);
+	c->inner->ops->forget(c->inner, in);
+	return rc;
+}
+
 /*
  * Remove a silly-renamed file once nothing has it open.  c->lock held; it
  * is dropped for the removal.  False when the removal failed (the hidden
@@ -73,8 +116,6 @@ static bool removable(const struct cnode *a)
  */
 static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 {
-	struct sbx_node *in;
-	struct expect *e;
 	char *dir, *name;
 	unsigned active;
 	bool kept = false;
@@ -89,15 +130,7 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 	c->unhides_all++;
 	cache_unlock(c);
 	sbx_debug("removing hidden %s/%s", dir ? dir : "?", name);
-	rc = dir ? cache_inner_node(c, dir, &in)
-		 : sbx_error_set(SBX_ERR_REMOTE, -ESTALE, "directory gone");
-	if (rc == 0) {
-		e = change_expect(c, n->parent, name);
-		rc = c->inner->ops->unlink(c->inner, in, name);
-		if (rc < 0)
-			change_expect_cancel(c, e);
-		c->inner->ops->forget(c->inner, in);
-	}
+	rc = unlink_in_sandbox(c, dir, name);
 	if (rc == -ENOENT) {
 		/* Removed in the sandbox meanwhile (rm -r of its directory,
 		 * say): what we were to do is done. */
@@ -146,15 +179,8 @@ static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
 	unsigned active;
 
 	while (!file_opens(n, &active)) {
-		struct cnode *h = NULL;
+		struct cnode *h = name_where(n, removable);
 
-		if (removable(n))
-			h = n;
-		else if (n->in_ring)
-			for (struct cnode *a = n->ring_next; a != n && !h;
-			     a = a->ring_next)
-				if (removable(a))
-					h = a;
 		/* A failed removal is not tried again at once: the sandbox
 		 * is most likely out of reach. */
 		if (!h || !unlink_hidden_locked(c, h))
@@ -177,17 +203,11 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 	unsigned active;
 
 	while (!file_opens(n, &active)) {
-		struct cnode *g = n->ghost ? n : NULL;
-		struct sbx_node *in;
+		struct cnode *g = name_where(n, has_ghost);
 		const char *slash;
 		char *path, *dir;
 		int rc;
 
-		if (!g && n->in_ring)
-			for (struct cnode *a = n->ring_next; a != n && !g;
-			     a = a->ring_next)
-				if (a->ghost)
-					g = a;
 		if (!g)
 			return;
 		path = g->ghost;
@@ -200,12 +220,7 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 		slash = strrchr(path, '/');
 		dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
 			    : sbx_xstrdup("");
-		rc = cache_inner_node(c, dir, &in);
-		if (rc == 0) {
-			rc = c->inner->ops->unlink(c->inner, in,
-						   slash ? slash + 1 : path);
-			c->inner->ops->forget(c->inner, in);
-		}
+		rc = unlink_in_sandbox(c, dir, slash ? slash + 1 : path);
 		free(dir);
 		if (rc == 0)
 			sbx_info("removed %s, left by a hidden rename whose "
@@ -225,7 +240,7 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 		/* One link less, maybe: ask the sandbox. */
 		tree_invalidate_file(g);
 		free(path);
-		if (rc < 0 && rc != -ENOENT)
+		if (rc < 0)
 			return;
 	}
 }

@@ -140,7 +140,9 @@ void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since)
 void fs_apply_change(const struct sbx_change *c, void *payload)
 {
 	struct fs *fs = payload;
-	fuse_ino_t parent, ino, obj[9];
+	fuse_ino_t parent, ino;
+	/* The objects the name held, and the one it holds now. */
+	fuse_ino_t obj[FS_NAME_TAKE_MAX + 1];
 	size_t nobj;
 	unsigned writers;
 
@@ -151,7 +153,8 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 						    NULL)
 				    : 0;
 		nobj = parent && c->name
-			       ? fs_names_take(fs, parent, c->name, obj, 8)
+			       ? fs_names_take(fs, parent, c->name, obj,
+						 FS_NAME_TAKE_MAX)
 			       : 0;
 		/* The object the name holds, when the provider knows it: a
 		 * link made to a file the kernel knows by another name,

@@ -179,9 +179,12 @@ void fs_names_removed(struct fs *fs, fuse_ino_t parent, const char *name);
 void fs_names_renamed(struct fs *fs, fuse_ino_t parent, const char *name,
 		      fuse_ino_t newparent, const char *newname,
 		      unsigned flags);
+/* At most this many inodes are taken for one change event's name: more
+ * than one only while several objects held it in turn unnoticed. */
+#define FS_NAME_TAKE_MAX 8
 /*
  * A change event about (parent, name): the ids of the inodes known under
- * it (at most `cap`, in out[]), whose entries leave the index (the caller
+ * it (at most `cap`, capped at FS_NAME_TAKE_MAX, in out[]), whose entries leave the index (the caller
  * drops the kernel's dentry), and whose attributes the provider is told
  * are old (its attr_changed; those it says the kernel should keep are
  * left out).  Returns how many.  The ids are good for notifications only

@@ -159,11 +159,11 @@ static bool attr_changed_locked(struct fs *fs, struct fs_inode *in)
 size_t fs_names_take(struct fs *fs, fuse_ino_t parent, const char *name,
 		     fuse_ino_t *out, size_t cap)
 {
-	struct fs_inode *in[8];
+	struct fs_inode *in[FS_NAME_TAKE_MAX];
 	size_t n = 0, kept = 0;
 
-	if (cap > 8)
-		cap = 8;
+	if (cap > FS_NAME_TAKE_MAX)
+		cap = FS_NAME_TAKE_MAX;
 	pthread_mutex_lock(&fs->lock);
 	names_detach_locked(fs, parent, name, in, &n, cap);
 	for (size_t i = 0; i < n; i++)
