@@ -651,8 +651,9 @@ bool tree_file_unhiding(const struct cnode *n);
  * alive and make the dead file look so -- its ring kept for a new file
  * under its names, its kernel inode given to a new file with its number,
  * or taken from the file's surviving name (c_node_stale(), cache.c).  True
- * when k was orphaned (never a dirty k).  c->lock held; may run inside
- * tree_for_each_kid() over k's directory (it removes k only).
+ * when k was orphaned (never a dirty k).  Our hidden names are left as
+ * they are.  c->lock held; may run inside tree_for_each_kid() over k's
+ * directory (it removes k only).
  */
 bool tree_name_unsure(struct cache *c, struct cnode *k);
 /* Invalidate everything below and including n (events were lost). */
