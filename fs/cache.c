@@ -151,9 +151,11 @@ char *cache_unlock_path(struct cache *c, char *path, unsigned long *gen,
  * name becomes unknown, and ESTALE makes the kernel look the path up
  * again and retry the call once (open, stat, truncate, chmod, utimes all
  * do): the retry then finds the name gone, or a new file under it, as on
- * a local disk.  For a call on a descriptor (fstat, ftruncate of a file
- * removed in the sandbox) ESTALE is what NFS says too.  The O_TRUNC of an
- * open arrives as a setattr on the just-opened file: the retry reopens.
+ * a local disk.  For a call on a descriptor (ftruncate of a file removed
+ * in the sandbox) ESTALE is what NFS says too; a getattr of a file open
+ * here answers from what was last known instead (open_removed_or).  The
+ * O_TRUNC of an open arrives as a setattr on the just-opened file: the
+ * retry reopens.
  */
 int cache_stale_or(struct cache *c, struct cnode *n, int rc)
 {
@@ -341,6 +343,49 @@ static void c_forget(struct sbx_sandbox *sb, struct sbx_node *node)
 	(void)node;
 }
 
+/*
+ * A regular file open here whose name the sandbox no longer has (removed
+ * or moved there): its last known attributes, for a descriptor's fstat(),
+ * as a local disk answers it.  The kernel usually answers from its own
+ * copy, which an event about the name leaves alone (c_attr_changed), but
+ * not always: a reply that crossed an invalidation of the inode is not
+ * cached, and ESTALE then reached fstat() (test_fileops.py, the link
+ * counts test, 1 run in 10 on a loaded machine).  A stat() by the path,
+ * its dentry not yet dropped by the removal's event, gets the same, as
+ * it would have a moment earlier.  c->lock held.
+ */
+static bool open_file_last_st(const struct cnode *n, struct stat *st)
+{
+	unsigned opens = 0;
+
+	if (!S_ISREG(n->st.st_mode) || !n->st.st_ino)
+		return false;
+	tree_for_each_name(a, n)
+		opens += a->opens;
+	if (!opens)
+		return false;
+	*st = n->st;
+	st->st_nlink = tree_visible_nlink(n, st->st_nlink);
+	return true;
+}
+
+/* rc, the failure of a getattr of n; or 0 and open_file_last_st(). */
+static int open_removed_or(struct cache *c, struct cnode *n, struct stat *st,
+			   int rc)
+{
+	bool kept;
+
+	if (rc != -ENOENT && rc != -ESTALE)
+		return rc;
+	cache_lock(c);
+	kept = open_file_last_st(n, st);
+	cache_unlock(c);
+	if (!kept)
+		return rc;
+	sbx_error_clear();
+	return 0;
+}
+
 static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, struct stat *st)
 {
@@ -381,11 +426,11 @@ again:
 	unhides = tree_file_unhides(n);
 	path = cache_unlock_path(c, tree_path_of(n), &gen, "file");
 	if (!path)
-		return -ESTALE;
+		return open_removed_or(c, n, st, -ESTALE);
 	rc = cache_inner_stat(c, path, &fst);
 	free(path);
 	if (rc < 0)
-		return cache_stale_or(c, n, rc);
+		return open_removed_or(c, n, st, cache_stale_or(c, n, rc));
 	cache_lock(c);
 	if (count_unsettled(c, n, unhides, &fst, &tries)) {
 		cache_unlock(c);

@@ -2003,6 +2003,46 @@ static void test_new_file_under_a_kept_hidden_name(void **state)
 }
 
 /*
+ * A file removed or moved away in the sandbox while open here: its
+ * descriptor's fstat() answers with what was last known, whatever the
+ * kernel's copy (not always kept: test_fileops.py's link counts test said
+ * ESTALE under load), before and after a lookup found the name gone, as a
+ * local disk does; a file not open here says the name is gone.
+ */
+static void test_fstat_of_a_file_removed_behind_the_mount(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *f, *g, *made;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "g", "gg", 2), 0);
+	tc_settle(e);
+	f = tc_walk_path(e->cache, "f", false, &st);
+	g = tc_walk_path(e->cache, "g", false, &st);
+	assert_int_equal(tc_open(e, f, O_RDONLY, &fh), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "f"), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "g"), 0);
+	tc_settle(e);
+
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	assert_int_equal(st.st_size, 4);
+	assert_true(S_ISREG(st.st_mode));
+	/* The name is found gone; the descriptor still answers. */
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "f", &made, &st),
+			 -ENOENT);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	assert_int_equal(st.st_size, 4);
+	/* Not open: gone. */
+	assert_true(e->ops->getattr(e->cache, g, NULL, &st) < 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(e->ops->getattr(e->cache, f, NULL, &st) < 0);
+	e->ops->forget(e->cache, g);
+	e->ops->forget(e->cache, f);
+}
+
+/*
  * Directory d holding n files open here and unlinked (their hidden names
  * in it), the hidden name of file `gone` removed behind the mount: rmdir
  * must succeed.  *seq: silly renames so far (they name the hidden files).
@@ -2567,6 +2607,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_rmdir_past_a_hidden_name_gone_behind_the_mount,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_fstat_of_a_file_removed_behind_the_mount, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_hidden_rename_with_lost_answer_is_swept, setup,
 			teardown),
