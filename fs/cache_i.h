@@ -139,6 +139,8 @@
 #define SILLY_PREFIX ".sbx-silly."
 /* How long an unlink waits for the RELEASE that follows a close. */
 #define RELEASE_WAIT_MS 100
+/* How often hidden names left by an outage are tried again (seconds). */
+#define SILLY_RETRY_S 5.0
 
 enum slot { S_UNKNOWN = 0, S_PRESENT, S_ABSENT };
 
@@ -363,6 +365,10 @@ struct cache {
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
+	/* Hidden names may be left to retry (silly_retry_locked), not
+	 * before silly_retry_at (cache_now()). */
+	bool silly_left;
+	double silly_retry_at;
 	struct ahead *ahead;       /* cache_ahead.c; NULL until first used */
 	struct fresh *fresh;       /* cache_fresh.c; NULL until first used */
 	/* cache_touch.c; NULL until the first touch (set under c->lock). */
@@ -905,5 +911,14 @@ void silly_drop_open(struct cache *c, struct cfile *f);
  * removal to say ENOTEMPTY).  No lock held.
  */
 void silly_evict(struct cache *c, struct cnode *dir, const char *name);
+/*
+ * Hidden names whose removal failed while the sandbox was out of reach
+ * (kept, and ghosts: cnode.ghost) of files nothing has open any more: try
+ * them again, at most every SILLY_RETRY_S and only while the change stream
+ * is healthy, so that an outage leaves no `.sbx-silly.*` file in the
+ * sandbox and no link counted that is not there.  The flusher calls it on
+ * each tick.  c->lock held; dropped for each removal.
+ */
+void silly_retry_locked(struct cache *c);
 
 #endif

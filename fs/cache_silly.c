@@ -59,6 +59,14 @@ static void wait_released(struct cache *c, struct cnode *n)
 		;
 }
 
+/* A removal failed: silly_retry_locked() tries again later.  c->lock
+ * held. */
+static void silly_left_locked(struct cache *c)
+{
+	c->silly_left = true;
+	c->silly_retry_at = cache_now() + SILLY_RETRY_S;
+}
+
 /* A hidden name still in the sandbox, not being moved (its mover removes
  * it).  c->lock held. */
 static bool removable(const struct cnode *a)
@@ -156,8 +164,10 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 	free(dir);
 	free(name);
 	cache_lock(c);
-	if (kept && n->slot == S_ABSENT && n->hidden && n->parent)
+	if (kept && n->slot == S_ABSENT && n->hidden && n->parent) {
 		n->slot = S_PRESENT;
+		silly_left_locked(c);
+	}
 	n->unhides++; /* done */
 	c->unhides_all++;
 	/* The file's other names have one link less (or, on failure, the
@@ -231,6 +241,7 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 		sbx_error_clear();
 		if (rc < 0 && rc != -ENOENT && !g->ghost) {
 			g->ghost = path; /* next time */
+			silly_left_locked(c);
 			return;
 		}
 		if (rc < 0 && rc != -ENOENT)
@@ -505,4 +516,54 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 		if (rc < 0 && rc != -ENOENT)
 			return;
 	}
+}
+
+/* Append to *v the nodes under d (d itself too) that hold a hidden name
+ * to remove or a ghost.  c->lock held. */
+static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
+			 size_t *cap)
+{
+	struct sbx_hashmap_iter it;
+	struct cnode *k;
+
+	if (removable(d) || d->ghost) {
+		if (*n == *cap) {
+			*cap = *cap ? *cap * 2 : 16;
+			*v = sbx_xrealloc(*v, *cap * sizeof(**v));
+		}
+		(*v)[(*n)++] = d;
+	}
+	tree_for_each_kid(k, it, d)
+		collect_left(k, v, n, cap);
+}
+
+void silly_retry_locked(struct cache *c)
+{
+	struct cnode **v = NULL;
+	size_t n = 0, cap = 0;
+	unsigned active;
+
+	if (!c->silly_left || cache_now() < c->silly_retry_at ||
+	    !cache_healthy(c))
+		return;
+	/* Found again below; a failure sets it again. */
+	c->silly_left = false;
+	collect_left(&c->root, &v, &n, &cap);
+	/* Nodes are never freed while the cache runs (tree_free), so the
+	 * list stays good while the lock is dropped for each removal. */
+	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {
+		struct cnode *k = v[i];
+
+		if (file_opens(k, &active))
+			continue; /* its last close sees to it */
+		if (k->ghost)
+			silly_sweep_locked(c, k);
+		if (!c->silly_left && removable(k))
+			(void)unlink_hidden_locked(c, k);
+	}
+	if (n)
+		sbx_debug("retried %zu hidden name(s) left by an outage: %s",
+			  n, c->silly_left ? "some are still there"
+					   : "done");
+	free(v);
 }

@@ -1129,6 +1129,10 @@ static void *flusher_main(void *arg)
 		pthread_cond_timedwait(&c->flusher_cond, &c->lock, &until);
 		if (c->stopping)
 			break;
+		/* Hidden names an outage left (drops the lock). */
+		silly_retry_locked(c);
+		if (c->stopping)
+			break;
 		p.now = cache_now();
 		n = take_dirty(c, &p, &due);
 		cache_unlock(c);
