@@ -172,7 +172,9 @@ int cache_stale_or(struct cache *c, struct cnode *n, int rc)
 	 */
 	k = tree_name_of(n);
 	if (k->slot != S_ABSENT && k->parent) {
-		k->slot = S_UNKNOWN;
+		/* Our hidden names are ours to know (tree_name_unsure): one
+		 * the sandbox does not have is gone, and counts no more. */
+		k->slot = k->hidden ? S_ABSENT : S_UNKNOWN;
 		tree_invalidate_file(k);
 		k->parent->st_valid = false;
 		k->parent->complete = false;
@@ -350,9 +352,7 @@ static void c_forget(struct sbx_sandbox *sb, struct sbx_node *node)
  * copy, which an event about the name leaves alone (c_attr_changed), but
  * not always: a reply that crossed an invalidation of the inode is not
  * cached, and ESTALE then reached fstat() (test_fileops.py, the link
- * counts test, 1 run in 10 on a loaded machine).  A stat() by the path,
- * its dentry not yet dropped by the removal's event, gets the same, as
- * it would have a moment earlier.  c->lock held.
+ * counts test, 1 run in 10 on a loaded machine).  c->lock held.
  */
 static bool open_file_last_st(const struct cnode *n, struct stat *st)
 {
@@ -369,13 +369,21 @@ static bool open_file_last_st(const struct cnode *n, struct stat *st)
 	return true;
 }
 
-/* rc, the failure of a getattr of n; or 0 and open_file_last_st(). */
-static int open_removed_or(struct cache *c, struct cnode *n, struct stat *st,
-			   int rc)
+/*
+ * rc, the failure of a getattr of n; or 0 and open_file_last_st().  Not
+ * when the name asked was present as far as the tree knew (`named`): no
+ * event or lookup had said otherwise, so the kernel's dentry may still
+ * lead a stat() by the path here, which must look the name up again
+ * (ESTALE) and say ENOENT, not see the removed file; after such an event
+ * or lookup the kernel dropped the dentry, and the call comes from a
+ * descriptor.
+ */
+static int open_removed_or(struct cache *c, struct cnode *n, bool named,
+			   struct stat *st, int rc)
 {
 	bool kept;
 
-	if (rc != -ENOENT && rc != -ESTALE)
+	if (named || (rc != -ENOENT && rc != -ESTALE))
 		return rc;
 	cache_lock(c);
 	kept = open_file_last_st(n, st);
@@ -395,6 +403,7 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	unsigned unhides;
 	struct stat fst;
 	char *path;
+	bool named;
 	int rc, tries = 0;
 
 	(void)fh;
@@ -424,13 +433,15 @@ again:
 		return 0;
 	}
 	unhides = tree_file_unhides(n);
+	named = tree_name_of(n)->slot == S_PRESENT;
 	path = cache_unlock_path(c, tree_path_of(n), &gen, "file");
 	if (!path)
-		return open_removed_or(c, n, st, -ESTALE);
+		return open_removed_or(c, n, false, st, -ESTALE);
 	rc = cache_inner_stat(c, path, &fst);
 	free(path);
 	if (rc < 0)
-		return open_removed_or(c, n, st, cache_stale_or(c, n, rc));
+		return open_removed_or(c, n, named, st,
+				       cache_stale_or(c, n, rc));
 	cache_lock(c);
 	if (count_unsettled(c, n, unhides, &fst, &tries)) {
 		cache_unlock(c);

@@ -59,6 +59,24 @@ static void wait_released(struct cache *c, struct cnode *n)
 		;
 }
 
+/* An error that says the request may have been done in the sandbox, its
+ * answer lost (the connection cut or timed out after it was sent). */
+static bool outcome_unknown(int rc)
+{
+	return rc == -EIO || rc == -ETIMEDOUT || rc == -ECONNRESET ||
+	       rc == -ECONNABORTED || rc == -EPIPE;
+}
+
+/* An error that the sandbox answering again may clear: an outage's.  A
+ * refusal (EACCES, EROFS...) is not retried by the flusher: it would be
+ * asked again every SILLY_RETRY_S for the daemon's life. */
+static bool outage_error(int rc)
+{
+	return outcome_unknown(rc) || rc == -ENOTCONN ||
+	       rc == -ECONNREFUSED || rc == -EHOSTUNREACH ||
+	       rc == -ENETUNREACH || rc == -EAGAIN || rc == -ESTALE;
+}
+
 /* A removal failed: silly_retry_locked() tries again later.  c->lock
  * held. */
 static void silly_left_locked(struct cache *c)
@@ -126,7 +144,7 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 {
 	char *dir, *name;
 	unsigned active;
-	bool kept = false;
+	bool kept = false, retry = false;
 	int rc;
 
 	if (file_opens(n, &active) || !removable(n))
@@ -155,18 +173,22 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 		 * the file or that move tries again.
 		 */
 		sbx_warn("could not remove %s/%s: %s; kept hidden, to be "
-			 "removed at the file's next close or its directory's "
-			 "removal", dir ? dir : "?", name,
-			 sbx_error_last()->msg);
+			 "removed at the file's next close, its directory's "
+			 "removal%s", dir ? dir : "?", name,
+			 sbx_error_last()->msg,
+			 outage_error(rc) ? ", or once the sandbox answers"
+					  : "");
 		sbx_error_clear();
 		kept = dir != NULL; /* not when its directory is gone */
+		retry = kept && outage_error(rc);
 	}
 	free(dir);
 	free(name);
 	cache_lock(c);
 	if (kept && n->slot == S_ABSENT && n->hidden && n->parent) {
 		n->slot = S_PRESENT;
-		silly_left_locked(c);
+		if (retry)
+			silly_left_locked(c);
 	}
 	n->unhides++; /* done */
 	c->unhides_all++;
@@ -241,7 +263,8 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 		sbx_error_clear();
 		if (rc < 0 && rc != -ENOENT && !g->ghost) {
 			g->ghost = path; /* next time */
-			silly_left_locked(c);
+			if (outage_error(rc))
+				silly_left_locked(c);
 			return;
 		}
 		if (rc < 0 && rc != -ENOENT)
@@ -254,14 +277,6 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 		if (rc < 0 && rc != -ENOENT)
 			return;
 	}
-}
-
-/* An error that says the request may have been done in the sandbox, its
- * answer lost (the connection cut or timed out after it was sent). */
-static bool outcome_unknown(int rc)
-{
-	return rc == -EIO || rc == -ETIMEDOUT || rc == -ECONNRESET ||
-	       rc == -ECONNABORTED || rc == -EPIPE;
 }
 
 /*
@@ -549,6 +564,10 @@ void silly_retry_locked(struct cache *c)
 	/* Found again below; a failure sets it again. */
 	c->silly_left = false;
 	collect_left(&c->root, &v, &n, &cap);
+	/* A ghost's path is its own: its node may have been detached since
+	 * (a new file under its name, lost events). */
+	for (struct cnode *o = c->orphans; o; o = o->orphan_next)
+		collect_left(o, &v, &n, &cap);
 	/* Nodes are never freed while the cache runs (tree_free), so the
 	 * list stays good while the lock is dropped for each removal. */
 	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {

@@ -516,7 +516,7 @@ bool tree_name_unsure(struct cache *c, struct cnode *k)
 	 */
 	if (k->hidden)
 		return false;
-	if (k->slot == S_ABSENT && k->in_ring && !k->hidden && !k->dirty) {
+	if (k->slot == S_ABSENT && k->in_ring && !k->dirty) {
 		tree_orphan(c, k);
 		return true;
 	}

@@ -184,8 +184,9 @@ void fs_names_renamed(struct fs *fs, fuse_ino_t parent, const char *name,
 #define FS_NAME_TAKE_MAX 8
 /*
  * A change event about (parent, name): the ids of the inodes known under
- * it (at most `cap`, capped at FS_NAME_TAKE_MAX, in out[]), whose entries leave the index (the caller
- * drops the kernel's dentry), and whose attributes the provider is told
+ * it (at most `cap`, itself at most FS_NAME_TAKE_MAX, in out[]), whose
+ * entries leave the index (the caller drops the kernel's dentry), and
+ * whose attributes the provider is told
  * are old (its attr_changed; those it says the kernel should keep are
  * left out).  Returns how many.  The ids are good for notifications only
  * (fs_inode_find).

@@ -2006,8 +2006,10 @@ static void test_new_file_under_a_kept_hidden_name(void **state)
  * A file removed or moved away in the sandbox while open here: its
  * descriptor's fstat() answers with what was last known, whatever the
  * kernel's copy (not always kept: test_fileops.py's link counts test said
- * ESTALE under load), before and after a lookup found the name gone, as a
- * local disk does; a file not open here says the name is gone.
+ * ESTALE under load), once an event or a lookup said the name changed, as
+ * a local disk does.  Before that the kernel's dentry may still lead a
+ * stat() by the path here: ESTALE, to look it up again.  A file not open
+ * here says the name is gone.
  */
 static void test_fstat_of_a_file_removed_behind_the_mount(void **state)
 {
@@ -2022,8 +2024,15 @@ static void test_fstat_of_a_file_removed_behind_the_mount(void **state)
 	f = tc_walk_path(e->cache, "f", false, &st);
 	g = tc_walk_path(e->cache, "g", false, &st);
 	assert_int_equal(tc_open(e, f, O_RDONLY, &fh), 0);
+	/* Before the event: a stat() by the path may be asking, and must
+	 * look the name up again. */
+	pmem_watch_hold(e->mem, true);
 	assert_int_equal(pmem_ext_unlink(e->mem, "f"), 0);
 	assert_int_equal(pmem_ext_unlink(e->mem, "g"), 0);
+	/* (Its attributes to be asked for: an event about another name.) */
+	assert_true(e->ops->attr_changed(e->cache, f));
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), -ESTALE);
+	pmem_watch_hold(e->mem, false);
 	tc_settle(e);
 
 	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);

@@ -319,6 +319,47 @@ static void test_hidden_name_left_by_an_outage_is_retried(void **state)
 	e->ops->forget(e->cache, f);
 }
 
+/*
+ * A removal the sandbox refused (not an outage: EACCES) is not retried by
+ * the flusher: it would be asked again every few seconds for the daemon's
+ * life.  The file's next last close, or its directory's removal, still
+ * tries.
+ */
+static void test_refused_hidden_removal_is_not_retried(void **state)
+{
+	struct tc_env *e = *state;
+	struct cache *c = CACHE(e->cache);
+	struct timespec ms600 = {0, 600 * 1000 * 1000};
+	struct sbx_node *f, *g;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[64];
+
+	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
+	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+
+	pmem_calls_reset(e->mem);
+	cache_lock(c);
+	c->silly_retry_at = 0;
+	cache_unlock(c);
+	nanosleep(&ms600, NULL); /* three flusher ticks */
+	assert_int_equal(pmem_calls(e->mem, "unlink"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+	/* The file's next last close does. */
+	assert_int_equal(tc_open(e, g, O_RDONLY, &fh), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), -ENOENT);
+	e->ops->forget(e->cache, g);
+	e->ops->forget(e->cache, f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -335,6 +376,9 @@ int main(void)
 			test_listing_predating_own_link, tc_setup, tc_teardown),
 		cmocka_unit_test_setup_teardown(
 			test_hidden_name_left_by_an_outage_is_retried, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_refused_hidden_removal_is_not_retried, tc_setup,
 			tc_teardown),
 	};
 
