@@ -1381,6 +1381,8 @@ static void c_free(struct sbx_sandbox *sb)
 		sbx_error_clear();
 	}
 	wb_stop_flusher(c);
+	/* Hidden files of files still open (or whose removal failed). */
+	silly_final_sweep(c);
 	fresh_stop(c);
 	ahead_stop(c);
 	cache_lock(c);

@@ -919,5 +919,14 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name);
  * each tick.  c->lock held; dropped for each removal.
  */
 void silly_retry_locked(struct cache *c);
+/*
+ * At exit (the kernel's connection closed: no descriptor can use them any
+ * more), remove every hidden name still in the sandbox, of open files too:
+ * left, they were `.sbx-silly.*` files in the user's tree for good.  Stops
+ * at the first failure other than ENOENT (the sandbox out of reach).  No
+ * lock held; no other thread may use the cache's hidden names (the
+ * flusher is stopped).
+ */
+void silly_final_sweep(struct cache *c);
 
 #endif

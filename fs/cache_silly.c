@@ -497,3 +497,43 @@ void silly_retry_locked(struct cache *c)
 					   : "done");
 	free(v);
 }
+
+void silly_final_sweep(struct cache *c)
+{
+	struct cnode **v = NULL;
+	size_t n = 0, cap = 0, removed = 0;
+
+	cache_lock(c);
+	collect_left(&c->root, &v, &n, &cap);
+	for (size_t i = 0; i < n; i++) {
+		struct cnode *k = v[i];
+		char *dir, *name;
+		int rc;
+
+		if (!removable(k))
+			continue;
+		dir = tree_path(k->parent);
+		name = sbx_xstrdup(k->name);
+		k->slot = S_ABSENT;
+		cache_unlock(c);
+		rc = unlink_in_sandbox(c, dir, name);
+		if (rc == 0)
+			removed++;
+		else if (rc != -ENOENT)
+			sbx_warn("hidden file %s/%s is left in the sandbox: %s",
+				 dir ? dir : "?", name, sbx_error_last()->msg);
+		sbx_error_clear();
+		free(dir);
+		free(name);
+		cache_lock(c);
+		/* The sandbox is most likely out of reach: do not wait for
+		 * each of the others in turn. */
+		if (rc < 0 && rc != -ENOENT)
+			break;
+	}
+	cache_unlock(c);
+	if (removed)
+		sbx_info("removed %zu hidden file(s) of files removed while "
+			 "open", removed);
+	free(v);
+}

@@ -360,6 +360,34 @@ static void test_refused_hidden_removal_is_not_retried(void **state)
 	e->ops->forget(e->cache, f);
 }
 
+/*
+ * At exit the daemon removes the hidden names still in the sandbox: a
+ * kept one (its removal refused at the last close, not retried) went on
+ * as a `.sbx-silly.*` file in the user's tree for good.
+ */
+static void test_hidden_names_are_removed_at_exit(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *f;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[64];
+
+	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
+	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
+	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
+	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+	e->ops->forget(e->cache, f);
+
+	sbx_sandbox_free(e->cache);
+	e->cache = NULL;
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), -ENOENT);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -379,6 +407,9 @@ int main(void)
 			tc_teardown),
 		cmocka_unit_test_setup_teardown(
 			test_refused_hidden_removal_is_not_retried, tc_setup,
+			tc_teardown),
+		cmocka_unit_test_setup_teardown(
+			test_hidden_names_are_removed_at_exit, tc_setup,
 			tc_teardown),
 	};
 
