@@ -508,6 +508,39 @@ def test_sandbox_changes_visible_through_latency(proxied):
 # -- the agent killed and restarted ---------------------------------------------------
 
 
+def _hidden_files(root):
+    return sorted(n for n in os.listdir(root) if n.startswith(".sbx-silly."))
+
+
+@pytest.mark.remote_only("hidden files of files removed while open are "
+                         "the remote cache's")
+def test_hidden_files_go_when_the_daemon_exits(sandbox):
+    """A file removed through the mount while open lives on in the
+    sandbox as `.sbx-silly.*` until its last close.  When the session is
+    unmounted first (`sbx umount --force` with an editor holding the
+    file), the daemon removes it as it exits: left, it stayed in the
+    user's tree for good."""
+    m, root = sandbox.mnt, sandbox.agent.root
+    (m / "held.txt").write_text("still open\n")
+    fd = os.open(m / "held.txt", os.O_RDONLY)
+    try:
+        os.unlink(m / "held.txt")
+        assert len(_hidden_files(root)) == 1, os.listdir(root)
+        pid = sandbox.daemon_pid()
+        sandbox.env.sbx_ok("umount", sandbox.name, "--force")
+        deadline = time.monotonic() + 15
+        while mounts.pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not mounts.pid_alive(pid)
+        assert _hidden_files(root) == [], os.listdir(root)
+        assert "held.txt" not in os.listdir(root)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 @pytest.mark.remote_only("restarts the agent process itself")
 def test_agent_killed_and_restarted(sandbox):
     sb, agent = sandbox, sandbox.agent
