@@ -187,9 +187,14 @@ struct cnode {
 	unsigned dirty;       /* open files with unpushed writes */
 	unsigned opens;       /* open files */
 	unsigned active;      /* open files with no FLUSH since (a hint) */
-	/* A silly-renamed file: never listed.  UNKNOWN when its rename's
-	 * answer was lost (it may or may not exist). */
-	bool hidden;
+	bool hidden;          /* a silly-renamed file: never listed */
+	/*
+	 * The sandbox path of a hidden name this node's file may have been
+	 * given by a silly rename whose answer was lost (the sandbox out of
+	 * reach: it may or may not have done it), or NULL.  Removed once
+	 * nothing has the file open (silly_sweep_locked).  c->lock.
+	 */
+	char *ghost;
 	/*
 	 * Removals of this hidden name started or ended (two each): odd
 	 * while one is out (cnode_unhiding) -- the slot is already S_ABSENT
@@ -605,9 +610,6 @@ void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st);
 void tree_invalidate_file(struct cnode *n);
 /* n is gone or another object now: leave its hard-link ring. */
 void tree_ring_leave(struct cache *c, struct cnode *n);
-/* n is another name of k's file (a hidden name): it joins k's ring, made
- * under k's inode number if k has none.  c->lock held. */
-void tree_ring_tie(struct cache *c, struct cnode *n, struct cnode *k);
 /*
  * The sandbox just gave inode number `ino` to a file it made (a create
  * that made its file): no other file has it, so the ring of names kept
@@ -911,8 +913,7 @@ void silly_drop_open(struct cache *c, struct cfile *f);
 void silly_evict(struct cache *c, struct cnode *dir, const char *name);
 /*
  * Hidden names whose removal failed while the sandbox was out of reach
- * (kept ones, and those a rename with a lost answer may have made) of
- * files nothing has open any more: try
+ * (kept, and ghosts: cnode.ghost) of files nothing has open any more: try
  * them again, at most every SILLY_RETRY_S and only while the change stream
  * is healthy, so that an outage leaves no `.sbx-silly.*` file in the
  * sandbox and no link counted that is not there.  The flusher calls it on

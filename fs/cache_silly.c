@@ -92,6 +92,11 @@ static bool removable(const struct cnode *a)
 	return a->hidden && a->slot != S_ABSENT && a->parent && !a->moving;
 }
 
+static bool has_ghost(const struct cnode *a)
+{
+	return a->ghost != NULL;
+}
+
 /* n, or the first other name of n's file, for which `is` holds; NULL when
  * none does.  c->lock held. */
 static struct cnode *name_where(struct cnode *n,
@@ -216,30 +221,85 @@ static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
 }
 
 /*
- * A silly rename of k to `hidden` in dir whose answer was lost: the
- * sandbox may have done it, and then k's file sits under a name nobody
- * sees -- left there, it counted as a link of the file's other names and
- * kept dir from being removed (ENOTEMPTY; random tester's fault runs).
- * The name is recorded as a hidden name of k's file that may exist
- * (UNKNOWN), and goes the way every hidden name goes: removed once nothing
- * has the file open (maybe now: the last close may have come while the
- * rename was out), moved out by an rmdir of dir, retried by the flusher;
- * ENOENT then says it was never made.  As a node of dir it follows dir's
- * renames.  c->lock held; dropped for a removal.
+ * Remove the hidden names that silly renames with a lost answer may have
+ * made for n's file (cnode.ghost), once nothing has the file open: the
+ * user's unlink said EIO, but if the sandbox did it the file is out of
+ * every visible name, and left there it counted as a link of the file's
+ * other names and kept its directory from being removed (ENOTEMPTY;
+ * random tester's fault runs).  ENOENT: it was not done.  Another error
+ * keeps the ghost for the next try.  c->lock held; dropped for each
+ * removal.
  */
-static void hidden_may_exist_locked(struct cache *c, struct cnode *dir,
-				    const char *hidden, struct cnode *k)
+static void silly_sweep_locked(struct cache *c, struct cnode *n)
 {
-	struct cnode *h = tree_kid_get(dir, hidden);
+	unsigned active;
 
-	h->hidden = true;
-	h->slot = S_UNKNOWN;
-	h->st = k->st;
-	h->st_valid = false;
-	tree_ring_tie(c, h, k);
-	/* Maybe one link less for its other names: ask the sandbox. */
-	tree_invalidate_file(k);
-	unlink_hidden_file_locked(c, k);
+	while (!file_opens(n, &active)) {
+		struct cnode *g = name_where(n, has_ghost);
+		const char *slash;
+		char *path, *dir;
+		int rc;
+
+		if (!g)
+			return;
+		path = g->ghost;
+		g->ghost = NULL;
+		/* Out: a count fetched across it is unsettled (as for a
+		 * hidden name's removal, unlink_hidden_locked). */
+		g->unhides++;
+		c->unhides_all++;
+		cache_unlock(c);
+		slash = strrchr(path, '/');
+		dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
+			    : sbx_xstrdup("");
+		rc = unlink_in_sandbox(c, dir, slash ? slash + 1 : path);
+		free(dir);
+		if (rc == 0)
+			sbx_info("removed %s, left by a hidden rename whose "
+				 "answer was lost", path);
+		cache_lock(c);
+		g->unhides++; /* done */
+		c->unhides_all++;
+		sbx_error_clear();
+		if (rc < 0 && rc != -ENOENT && !g->ghost) {
+			g->ghost = path; /* next time */
+			if (outage_error(rc))
+				silly_left_locked(c);
+			return;
+		}
+		if (rc < 0 && rc != -ENOENT)
+			sbx_warn("hidden name %s may be left in the sandbox "
+				 "(a later one of the file is kept instead)",
+				 path);
+		/* One link less, maybe: ask the sandbox. */
+		tree_invalidate_file(g);
+		free(path);
+		if (rc < 0 && rc != -ENOENT)
+			return;
+	}
+}
+
+/*
+ * Sweep the ghost of one kid of d that nothing has open.  True when one
+ * was removed (or found not there): the caller looks again, as the lock
+ * was dropped.  False when there was none, or its removal failed (it is
+ * kept; the sandbox is most likely out of reach).  c->lock held.
+ */
+static bool sweep_kids_locked(struct cache *c, struct cnode *d)
+{
+	struct sbx_hashmap_iter it;
+	struct cnode *k, *g = NULL;
+	unsigned active;
+
+	tree_for_each_kid(k, it, d)
+		if (k->ghost && !file_opens(k, &active)) {
+			g = k;
+			break;
+		}
+	if (!g)
+		return false;
+	silly_sweep_locked(c, g);
+	return !g->ghost;
 }
 
 int silly_rename(struct cache *c, struct cnode *dir, const char *name)
@@ -287,11 +347,25 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 		change_expect_cancel(c, e1);
 		change_expect_cancel(c, e2);
 		if (outcome_unknown(rc)) {
+			/* The sandbox may have done it: see to it once
+			 * nothing has the file open (maybe now: the last
+			 * close may have come while the rename was out). */
 			int keep = rc;
 
 			cache_lock(c);
-			hidden_may_exist_locked(c, dir, hidden, k);
+			dp = tree_path_of(dir);
+			if (dp && !k->ghost) {
+				k->ghost = *dp ? sbx_xasprintf("%s/%s", dp,
+							       hidden)
+					       : sbx_xstrdup(hidden);
+				tree_invalidate_file(k);
+				silly_sweep_locked(c, k);
+			} else if (dp) {
+				sbx_warn("hidden name %s/%s may be left in "
+					 "the sandbox", dp, hidden);
+			}
 			cache_unlock(c);
+			free(dp);
 			rc = keep;
 			sbx_error_set(SBX_ERR_REMOTE, rc,
 				      "could not move '%s' out of the way of "
@@ -344,6 +418,7 @@ void silly_drop_open(struct cache *c, struct cfile *f)
 	if (!n->opens)
 		pthread_cond_broadcast(&c->cond);
 	unlink_hidden_file_locked(c, n);
+	silly_sweep_locked(c, n);
 	cache_unlock(c);
 }
 
@@ -371,6 +446,13 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 
 		cache_lock(c);
 		d = tree_kid_find(dir, name);
+		/* Hidden names a lost answer may have left in it first
+		 * (the lock is dropped: d is looked up again after). */
+		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root &&
+		    sweep_kids_locked(c, d)) {
+			cache_unlock(c);
+			continue;
+		}
 		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root)
 			tree_for_each_kid(k, it, d) {
 				removing |= k->hidden && cnode_unhiding(k);
@@ -451,15 +533,15 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 	}
 }
 
-/* Append to *v the nodes under d (d itself too) that are hidden names to
- * remove.  c->lock held. */
+/* Append to *v the nodes under d (d itself too) that hold a hidden name
+ * to remove or a ghost.  c->lock held. */
 static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 			 size_t *cap)
 {
 	struct sbx_hashmap_iter it;
 	struct cnode *k;
 
-	if (removable(d)) {
+	if (removable(d) || d->ghost) {
 		if (*n == *cap) {
 			*cap = *cap ? *cap * 2 : 16;
 			*v = sbx_xrealloc(*v, *cap * sizeof(**v));
@@ -482,6 +564,10 @@ void silly_retry_locked(struct cache *c)
 	/* Found again below; a failure sets it again. */
 	c->silly_left = false;
 	collect_left(&c->root, &v, &n, &cap);
+	/* A ghost's path is its own: its node may have been detached since
+	 * (a new file under its name, lost events). */
+	for (struct cnode *o = c->orphans; o; o = o->orphan_next)
+		collect_left(o, &v, &n, &cap);
 	/* Nodes are never freed while the cache runs (tree_free), so the
 	 * list stays good while the lock is dropped for each removal. */
 	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {
@@ -489,7 +575,10 @@ void silly_retry_locked(struct cache *c)
 
 		if (file_opens(k, &active))
 			continue; /* its last close sees to it */
-		(void)unlink_hidden_locked(c, k);
+		if (k->ghost)
+			silly_sweep_locked(c, k);
+		if (!c->silly_left && removable(k))
+			(void)unlink_hidden_locked(c, k);
 	}
 	if (n)
 		sbx_debug("retried %zu hidden name(s) left by an outage: %s",

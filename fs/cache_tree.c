@@ -320,15 +320,6 @@ static void ring_join(struct cache *c, struct cnode *n, ino_t ino)
 	head->ring_next = n;
 }
 
-void tree_ring_tie(struct cache *c, struct cnode *n, struct cnode *k)
-{
-	ino_t ino = k->in_ring ? k->ring_ino : k->st.st_ino;
-
-	if (!k->in_ring)
-		ring_join(c, k, ino);
-	ring_join(c, n, ino);
-}
-
 void tree_invalidate_file(struct cnode *n)
 {
 	n->st_valid = false;
@@ -575,4 +566,6 @@ void tree_free(struct cache *c, struct cnode *n)
 	content_drop(c, n);
 	free(n->link);
 	n->link = NULL;
+	free(n->ghost);
+	n->ghost = NULL;
 }

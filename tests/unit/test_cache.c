@@ -2210,57 +2210,6 @@ static void test_hidden_rename_with_lost_answer_is_swept(void **state)
 }
 
 /*
- * Two silly renames of one file whose answers are lost, then a rename of
- * their directory through the mount: both hidden names the sandbox made
- * are removed at the file's last close, where the directory is now (one
- * such name per file was kept before, by its path then).
- */
-static void test_lost_hidden_renames_follow_their_directory(void **state)
-{
-	struct tc_env *e = *state;
-	struct sbx_node *dir, *f;
-	struct sbx_file *fh;
-	struct stat st;
-	char h1[96], h2[96], moved[128];
-
-	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
-	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
-	assert_int_equal(pmem_ext_link(e->mem, "s/f", "s/g"), 0);
-	tc_settle(e);
-	dir = tc_walk_path(e->cache, "s", false, &st);
-	f = tc_walk_path(e->cache, "s/f", false, &st);
-	snprintf(h1, sizeof(h1), ".sbx-silly.%llu.1",
-		 (unsigned long long)st.st_ino);
-	snprintf(h2, sizeof(h2), ".sbx-silly.%llu.2",
-		 (unsigned long long)st.st_ino);
-	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
-	for (int i = 0; i < 2; i++) {
-		char from[16], to[128];
-
-		snprintf(from, sizeof(from), "s/%s", i ? "g" : "f");
-		snprintf(to, sizeof(to), "s/%s", i ? h2 : h1);
-		/* Done, its answer lost. */
-		assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-		assert_int_equal(e->ops->unlink(e->cache, dir, from + 2),
-				 -EIO);
-		sbx_error_clear();
-		assert_int_equal(pmem_ext_rename(e->mem, from, to, 0), 0);
-		tc_settle(e);
-	}
-	assert_int_equal(e->ops->rename(e->cache, e->root, "s", e->root, "t",
-					0),
-			 0);
-	assert_int_equal(tc_close(e, fh), 0);
-	snprintf(moved, sizeof(moved), "t/%s", h1);
-	assert_int_equal(pmem_ext_stat(e->mem, moved, &st), -ENOENT);
-	snprintf(moved, sizeof(moved), "t/%s", h2);
-	assert_int_equal(pmem_ext_stat(e->mem, moved, &st), -ENOENT);
-	assert_int_equal(pmem_ext_rmdir(e->mem, "t"), 0);
-	e->ops->forget(e->cache, f);
-	e->ops->forget(e->cache, dir);
-}
-
-/*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
  * arrives while the move is out (parked after the rename, at the forget of
@@ -2672,9 +2621,6 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_hidden_rename_with_lost_answer_is_swept, setup,
-			teardown),
-		cmocka_unit_test_setup_teardown(
-			test_lost_hidden_renames_follow_their_directory, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
