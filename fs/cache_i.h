@@ -160,6 +160,15 @@ struct content {
 	bool delivered;       /* last read reached its end (content_read) */
 };
 
+/* A hidden name a silly rename with a lost answer may have made: `name`
+ * in `dir`, whose path is taken when it is removed, so it follows renames
+ * of dir through the mount (nodes live as long as the cache). */
+struct ghost {
+	struct cnode *dir;
+	char *name;
+	struct ghost *next;
+};
+
 /* Every field is protected by c->lock. */
 struct cnode {
 	struct cnode *parent; /* NULL for the root and for orphans */
@@ -189,12 +198,15 @@ struct cnode {
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
 	/*
-	 * The sandbox path of a hidden name this node's file may have been
-	 * given by a silly rename whose answer was lost (the sandbox out of
-	 * reach: it may or may not have done it), or NULL.  Removed once
-	 * nothing has the file open (silly_sweep_locked).  c->lock.
+	 * Hidden names this node's file may have been given by silly
+	 * renames whose answer was lost (the sandbox out of reach: it may or
+	 * may not have done them).  Removed once nothing has the file open
+	 * (silly_sweep_locked).  Not nodes of the tree on purpose: a name
+	 * that may not exist must not count as a live name of the file
+	 * (ring_member_alive, node_stale), which tied a dead file's ring to
+	 * a new file under its inode number in review.  c->lock.
 	 */
-	char *ghost;
+	struct ghost *ghosts;
 	/*
 	 * Removals of this hidden name started or ended (two each): odd
 	 * while one is out (cnode_unhiding) -- the slot is already S_ABSENT

@@ -94,7 +94,7 @@ static bool removable(const struct cnode *a)
 
 static bool has_ghost(const struct cnode *a)
 {
-	return a->ghost != NULL;
+	return a->ghosts != NULL;
 }
 
 /* n, or the first other name of n's file, for which `is` holds; NULL when
@@ -220,9 +220,40 @@ static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
 	}
 }
 
+static void ghost_free(struct ghost *g)
+{
+	free(g->name);
+	free(g);
+}
+
+/*
+ * Remove ghost g (taken off its node's list) from the sandbox, where its
+ * directory is now.  0 when it is gone (removed, or never made: ENOENT),
+ * or a negative errno.  c->lock held; dropped for the removal.
+ */
+static int ghost_remove_locked(struct cache *c, const struct ghost *g)
+{
+	char *dir = tree_path_of(g->dir);
+	int rc;
+
+	cache_unlock(c);
+	/* Its directory replaced or gone behind the mount: so is it. */
+	rc = dir ? unlink_in_sandbox(c, dir, g->name) : -ENOENT;
+	if (rc == 0)
+		sbx_info("removed %s%s%s, left by a hidden rename whose "
+			 "answer was lost", dir, *dir ? "/" : "", g->name);
+	else if (rc != -ENOENT)
+		sbx_warn("hidden name %s/%s may be left in the sandbox: %s",
+			 dir, g->name, sbx_error_last()->msg);
+	sbx_error_clear();
+	free(dir);
+	cache_lock(c);
+	return rc == -ENOENT ? 0 : rc;
+}
+
 /*
  * Remove the hidden names that silly renames with a lost answer may have
- * made for n's file (cnode.ghost), once nothing has the file open: the
+ * made for n's file (cnode.ghosts), once nothing has the file open: the
  * user's unlink said EIO, but if the sandbox did it the file is out of
  * every visible name, and left there it counted as a link of the file's
  * other names and kept its directory from being removed (ENOTEMPTY;
@@ -235,47 +266,31 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 	unsigned active;
 
 	while (!file_opens(n, &active)) {
-		struct cnode *g = name_where(n, has_ghost);
-		const char *slash;
-		char *path, *dir;
+		struct cnode *gn = name_where(n, has_ghost);
+		struct ghost *g;
 		int rc;
 
-		if (!g)
+		if (!gn)
 			return;
-		path = g->ghost;
-		g->ghost = NULL;
+		g = gn->ghosts;
+		gn->ghosts = g->next;
 		/* Out: a count fetched across it is unsettled (as for a
 		 * hidden name's removal, unlink_hidden_locked). */
-		g->unhides++;
+		gn->unhides++;
 		c->unhides_all++;
-		cache_unlock(c);
-		slash = strrchr(path, '/');
-		dir = slash ? sbx_xstrndup(path, (size_t)(slash - path))
-			    : sbx_xstrdup("");
-		rc = unlink_in_sandbox(c, dir, slash ? slash + 1 : path);
-		free(dir);
-		if (rc == 0)
-			sbx_info("removed %s, left by a hidden rename whose "
-				 "answer was lost", path);
-		cache_lock(c);
-		g->unhides++; /* done */
+		rc = ghost_remove_locked(c, g);
+		gn->unhides++; /* done */
 		c->unhides_all++;
-		sbx_error_clear();
-		if (rc < 0 && rc != -ENOENT && !g->ghost) {
-			g->ghost = path; /* next time */
+		if (rc < 0) {
+			g->next = gn->ghosts; /* next time */
+			gn->ghosts = g;
 			if (outage_error(rc))
 				silly_left_locked(c);
 			return;
 		}
-		if (rc < 0 && rc != -ENOENT)
-			sbx_warn("hidden name %s may be left in the sandbox "
-				 "(a later one of the file is kept instead)",
-				 path);
+		ghost_free(g);
 		/* One link less, maybe: ask the sandbox. */
-		tree_invalidate_file(g);
-		free(path);
-		if (rc < 0 && rc != -ENOENT)
-			return;
+		tree_invalidate_file(gn);
 	}
 }
 
@@ -292,14 +307,14 @@ static bool sweep_kids_locked(struct cache *c, struct cnode *d)
 	unsigned active;
 
 	tree_for_each_kid(k, it, d)
-		if (k->ghost && !file_opens(k, &active)) {
+		if (k->ghosts && !file_opens(k, &active)) {
 			g = k;
 			break;
 		}
 	if (!g)
 		return false;
 	silly_sweep_locked(c, g);
-	return !g->ghost;
+	return !g->ghosts;
 }
 
 int silly_rename(struct cache *c, struct cnode *dir, const char *name)
@@ -352,20 +367,16 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 			 * close may have come while the rename was out). */
 			int keep = rc;
 
+			struct ghost *g = sbx_xcalloc(1, sizeof(*g));
+
+			g->dir = dir;
+			g->name = sbx_xstrdup(hidden);
 			cache_lock(c);
-			dp = tree_path_of(dir);
-			if (dp && !k->ghost) {
-				k->ghost = *dp ? sbx_xasprintf("%s/%s", dp,
-							       hidden)
-					       : sbx_xstrdup(hidden);
-				tree_invalidate_file(k);
-				silly_sweep_locked(c, k);
-			} else if (dp) {
-				sbx_warn("hidden name %s/%s may be left in "
-					 "the sandbox", dp, hidden);
-			}
+			g->next = k->ghosts;
+			k->ghosts = g;
+			tree_invalidate_file(k);
+			silly_sweep_locked(c, k);
 			cache_unlock(c);
-			free(dp);
 			rc = keep;
 			sbx_error_set(SBX_ERR_REMOTE, rc,
 				      "could not move '%s' out of the way of "
@@ -541,7 +552,7 @@ static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 	struct sbx_hashmap_iter it;
 	struct cnode *k;
 
-	if (removable(d) || d->ghost) {
+	if (removable(d) || d->ghosts) {
 		if (*n == *cap) {
 			*cap = *cap ? *cap * 2 : 16;
 			*v = sbx_xrealloc(*v, *cap * sizeof(**v));
@@ -575,7 +586,7 @@ void silly_retry_locked(struct cache *c)
 
 		if (file_opens(k, &active))
 			continue; /* its last close sees to it */
-		if (k->ghost)
+		if (k->ghosts)
 			silly_sweep_locked(c, k);
 		if (!c->silly_left && removable(k))
 			(void)unlink_hidden_locked(c, k);
@@ -594,11 +605,24 @@ void silly_final_sweep(struct cache *c)
 
 	cache_lock(c);
 	collect_left(&c->root, &v, &n, &cap);
+	for (struct cnode *o = c->orphans; o; o = o->orphan_next)
+		collect_left(o, &v, &n, &cap);
 	for (size_t i = 0; i < n; i++) {
 		struct cnode *k = v[i];
 		char *dir, *name;
-		int rc;
+		int rc = 0;
 
+		/* The names lost renames may have made... */
+		while (k->ghosts && rc == 0) {
+			struct ghost *g = k->ghosts;
+
+			k->ghosts = g->next;
+			rc = ghost_remove_locked(c, g);
+			ghost_free(g);
+		}
+		if (rc < 0)
+			break;
+		/* ...and its own. */
 		if (!removable(k))
 			continue;
 		dir = tree_path(k->parent);

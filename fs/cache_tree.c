@@ -566,6 +566,11 @@ void tree_free(struct cache *c, struct cnode *n)
 	content_drop(c, n);
 	free(n->link);
 	n->link = NULL;
-	free(n->ghost);
-	n->ghost = NULL;
+	while (n->ghosts) {
+		struct ghost *g = n->ghosts;
+
+		n->ghosts = g->next;
+		free(g->name);
+		free(g);
+	}
 }
