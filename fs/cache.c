@@ -1381,10 +1381,11 @@ static void c_free(struct sbx_sandbox *sb)
 		sbx_error_clear();
 	}
 	wb_stop_flusher(c);
-	/* Hidden files of files still open (or whose removal failed). */
-	silly_final_sweep(c);
 	fresh_stop(c);
 	ahead_stop(c);
+	/* Hidden files of files still open (or whose removal failed); no
+	 * other thread of ours is left to move names meanwhile. */
+	silly_final_sweep(c);
 	cache_lock(c);
 	tree_free(c, &c->root);
 	change_expect_clear(c);

@@ -166,7 +166,8 @@ struct content {
 struct ghost {
 	struct cnode *dir;
 	char *name;
-	struct ghost *next;
+	struct cnode *owner;  /* the node whose file it is a name of */
+	struct ghost *next;   /* c->ghosts */
 };
 
 /* Every field is protected by c->lock. */
@@ -198,15 +199,13 @@ struct cnode {
 	unsigned active;      /* open files with no FLUSH since (a hint) */
 	bool hidden;          /* a silly-renamed file: never listed */
 	/*
-	 * Hidden names this node's file may have been given by silly
-	 * renames whose answer was lost (the sandbox out of reach: it may or
-	 * may not have done them).  Removed once nothing has the file open
-	 * (silly_sweep_locked).  Not nodes of the tree on purpose: a name
-	 * that may not exist must not count as a live name of the file
-	 * (ring_member_alive, node_stale), which tied a dead file's ring to
-	 * a new file under its inode number in review.  c->lock.
+	 * Removals of hidden names of this node's file that silly renames
+	 * with a lost answer may have made (c->ghosts, owner this node)
+	 * started or ended (two each): counted with `unhides` in
+	 * tree_file_unhides(), so a link count fetched across one is
+	 * unsettled, but apart, as it says nothing of this name.
 	 */
-	struct ghost *ghosts;
+	unsigned ghost_outs;
 	/*
 	 * Removals of this hidden name started or ended (two each): odd
 	 * while one is out (cnode_unhiding) -- the slot is already S_ABSENT
@@ -377,6 +376,16 @@ struct cache {
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
+	/*
+	 * Hidden names that silly renames whose answer was lost may have
+	 * made (the sandbox out of reach: it may or may not have done
+	 * them), removed once nothing has their file open
+	 * (silly_sweep_locked).  Not nodes of the tree on purpose: a name
+	 * that may not exist must not count as a live name of the file
+	 * (ring_member_alive, node_stale), which tied a dead file's ring
+	 * to a new file under its inode number in review.  Few: a list.
+	 */
+	struct ghost *ghosts;
 	/* Hidden names may be left to retry (silly_retry_locked), not
 	 * before silly_retry_at (cache_now()). */
 	bool silly_left;
@@ -925,7 +934,7 @@ void silly_drop_open(struct cache *c, struct cfile *f);
 void silly_evict(struct cache *c, struct cnode *dir, const char *name);
 /*
  * Hidden names whose removal failed while the sandbox was out of reach
- * (kept, and ghosts: cnode.ghost) of files nothing has open any more: try
+ * (kept ones, and c->ghosts) of files nothing has open any more: try
  * them again, at most every SILLY_RETRY_S and only while the change stream
  * is healthy, so that an outage leaves no `.sbx-silly.*` file in the
  * sandbox and no link counted that is not there.  The flusher calls it on

@@ -92,11 +92,6 @@ static bool removable(const struct cnode *a)
 	return a->hidden && a->slot != S_ABSENT && a->parent && !a->moving;
 }
 
-static bool has_ghost(const struct cnode *a)
-{
-	return a->ghosts != NULL;
-}
-
 /* n, or the first other name of n's file, for which `is` holds; NULL when
  * none does.  c->lock held. */
 static struct cnode *name_where(struct cnode *n,
@@ -226,34 +221,101 @@ static void ghost_free(struct ghost *g)
 	free(g);
 }
 
+/* Is `owner` a name of n's file?  c->lock held. */
+static bool names_file(const struct cnode *owner, const struct cnode *n)
+{
+	tree_for_each_name(a, n)
+		if (a == owner)
+			return true;
+	return false;
+}
+
+/* Take the first ghost of c->ghosts for which `pick` says yes off the
+ * list; NULL when none.  c->lock held. */
+static struct ghost *ghost_take(struct cache *c,
+				bool (*pick)(const struct ghost *, const void *),
+				const void *arg)
+{
+	for (struct ghost **pp = &c->ghosts; *pp; pp = &(*pp)->next)
+		if (pick(*pp, arg)) {
+			struct ghost *g = *pp;
+
+			*pp = g->next;
+			g->next = NULL;
+			return g;
+		}
+	return NULL;
+}
+
+static void ghost_put_back(struct cache *c, struct ghost *g)
+{
+	g->next = c->ghosts;
+	c->ghosts = g;
+}
+
 /*
- * Remove ghost g (taken off its node's list) from the sandbox, where its
- * directory is now.  0 when it is gone (removed, or never made: ENOENT),
- * or a negative errno.  c->lock held; dropped for the removal.
+ * Remove ghost g (taken off c->ghosts) from the sandbox, where its
+ * directory is now.  0 when it is gone (removed, or never made: ENOENT;
+ * its directory replaced or gone), or a negative errno.  While it is out,
+ * a link count of its file fetched across it is unsettled (the owner's
+ * ghost_outs, odd meanwhile, counts in tree_file_unhides() but does not
+ * make the owner's own name look alive).  c->lock held; dropped for the
+ * removal.
  */
 static int ghost_remove_locked(struct cache *c, const struct ghost *g)
 {
 	char *dir = tree_path_of(g->dir);
 	int rc;
 
+	g->owner->ghost_outs++;
+	c->unhides_all++;
 	cache_unlock(c);
-	/* Its directory replaced or gone behind the mount: so is it. */
 	rc = dir ? unlink_in_sandbox(c, dir, g->name) : -ENOENT;
 	if (rc == 0)
 		sbx_info("removed %s%s%s, left by a hidden rename whose "
 			 "answer was lost", dir, *dir ? "/" : "", g->name);
 	else if (rc != -ENOENT)
-		sbx_warn("hidden name %s/%s may be left in the sandbox: %s",
-			 dir, g->name, sbx_error_last()->msg);
+		sbx_warn("hidden name %s%s%s may be left in the sandbox: %s",
+			 dir, *dir ? "/" : "", g->name,
+			 sbx_error_last()->msg);
+	else if (!dir)
+		sbx_debug("%s: its directory is gone, so is it", g->name);
 	sbx_error_clear();
 	free(dir);
 	cache_lock(c);
+	g->owner->ghost_outs++; /* done */
+	c->unhides_all++;
+	/* One link less, maybe: ask the sandbox.  And whoever waits for a
+	 * removal to settle (count_unsettled, silly_evict) looks again. */
+	tree_invalidate_file(g->owner);
+	pthread_cond_broadcast(&c->cond);
 	return rc == -ENOENT ? 0 : rc;
+}
+
+/* Remove ghost g; put it back when that failed (retried by the flusher
+ * after an outage's error).  False then.  c->lock held; dropped. */
+static bool ghost_sweep_one_locked(struct cache *c, struct ghost *g)
+{
+	int rc = ghost_remove_locked(c, g);
+
+	if (rc < 0) {
+		ghost_put_back(c, g);
+		if (outage_error(rc))
+			silly_left_locked(c);
+		return false;
+	}
+	ghost_free(g);
+	return true;
+}
+
+static bool ghost_of_file(const struct ghost *g, const void *n)
+{
+	return names_file(g->owner, n);
 }
 
 /*
  * Remove the hidden names that silly renames with a lost answer may have
- * made for n's file (cnode.ghosts), once nothing has the file open: the
+ * made for n's file (c->ghosts), once nothing has the file open: the
  * user's unlink said EIO, but if the sandbox did it the file is out of
  * every visible name, and left there it counted as a link of the file's
  * other names and kept its directory from being removed (ENOTEMPTY;
@@ -264,57 +326,31 @@ static int ghost_remove_locked(struct cache *c, const struct ghost *g)
 static void silly_sweep_locked(struct cache *c, struct cnode *n)
 {
 	unsigned active;
+	struct ghost *g;
 
-	while (!file_opens(n, &active)) {
-		struct cnode *gn = name_where(n, has_ghost);
-		struct ghost *g;
-		int rc;
+	while (!file_opens(n, &active) && (g = ghost_take(c, ghost_of_file, n)))
+		if (!ghost_sweep_one_locked(c, g))
+			return;
+}
 
-		if (!gn)
-			return;
-		g = gn->ghosts;
-		gn->ghosts = g->next;
-		/* Out: a count fetched across it is unsettled (as for a
-		 * hidden name's removal, unlink_hidden_locked). */
-		gn->unhides++;
-		c->unhides_all++;
-		rc = ghost_remove_locked(c, g);
-		gn->unhides++; /* done */
-		c->unhides_all++;
-		if (rc < 0) {
-			g->next = gn->ghosts; /* next time */
-			gn->ghosts = g;
-			if (outage_error(rc))
-				silly_left_locked(c);
-			return;
-		}
-		ghost_free(g);
-		/* One link less, maybe: ask the sandbox. */
-		tree_invalidate_file(gn);
-	}
+static bool ghost_in_dir_closed(const struct ghost *g, const void *d)
+{
+	unsigned active;
+
+	return g->dir == d && !file_opens(g->owner, &active);
 }
 
 /*
- * Sweep the ghost of one kid of d that nothing has open.  True when one
+ * Sweep a ghost in directory d whose file nothing has open.  True when one
  * was removed (or found not there): the caller looks again, as the lock
  * was dropped.  False when there was none, or its removal failed (it is
  * kept; the sandbox is most likely out of reach).  c->lock held.
  */
-static bool sweep_kids_locked(struct cache *c, struct cnode *d)
+static bool sweep_dir_locked(struct cache *c, struct cnode *d)
 {
-	struct sbx_hashmap_iter it;
-	struct cnode *k, *g = NULL;
-	unsigned active;
+	struct ghost *g = ghost_take(c, ghost_in_dir_closed, d);
 
-	tree_for_each_kid(k, it, d)
-		if (k->ghosts && !file_opens(k, &active)) {
-			g = k;
-			break;
-		}
-	if (!g)
-		return false;
-	silly_sweep_locked(c, g);
-	return !g->ghosts;
+	return g && ghost_sweep_one_locked(c, g);
 }
 
 int silly_rename(struct cache *c, struct cnode *dir, const char *name)
@@ -370,10 +406,10 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 			struct ghost *g = sbx_xcalloc(1, sizeof(*g));
 
 			g->dir = dir;
+			g->owner = k;
 			g->name = sbx_xstrdup(hidden);
 			cache_lock(c);
-			g->next = k->ghosts;
-			k->ghosts = g;
+			ghost_put_back(c, g);
 			tree_invalidate_file(k);
 			silly_sweep_locked(c, k);
 			cache_unlock(c);
@@ -460,7 +496,7 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 		/* Hidden names a lost answer may have left in it first
 		 * (the lock is dropped: d is looked up again after). */
 		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root &&
-		    sweep_kids_locked(c, d)) {
+		    sweep_dir_locked(c, d)) {
 			cache_unlock(c);
 			continue;
 		}
@@ -544,15 +580,15 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 	}
 }
 
-/* Append to *v the nodes under d (d itself too) that hold a hidden name
- * to remove or a ghost.  c->lock held. */
+/* Append to *v the nodes under d (d itself too) that are hidden names
+ * to remove.  c->lock held. */
 static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 			 size_t *cap)
 {
 	struct sbx_hashmap_iter it;
 	struct cnode *k;
 
-	if (removable(d) || d->ghosts) {
+	if (removable(d)) {
 		if (*n == *cap) {
 			*cap = *cap ? *cap * 2 : 16;
 			*v = sbx_xrealloc(*v, *cap * sizeof(**v));
@@ -563,10 +599,18 @@ static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 		collect_left(k, v, n, cap);
 }
 
+static bool ghost_closed(const struct ghost *g, const void *unused)
+{
+	unsigned active;
+
+	(void)unused;
+	return !file_opens(g->owner, &active);
+}
+
 void silly_retry_locked(struct cache *c)
 {
 	struct cnode **v = NULL;
-	size_t n = 0, cap = 0;
+	size_t n = 0, cap = 0, tried = 0;
 	unsigned active;
 
 	if (!c->silly_left || cache_now() < c->silly_retry_at ||
@@ -574,27 +618,30 @@ void silly_retry_locked(struct cache *c)
 		return;
 	/* Found again below; a failure sets it again. */
 	c->silly_left = false;
-	collect_left(&c->root, &v, &n, &cap);
-	/* A ghost's path is its own: its node may have been detached since
-	 * (a new file under its name, lost events). */
-	for (struct cnode *o = c->orphans; o; o = o->orphan_next)
-		collect_left(o, &v, &n, &cap);
-	/* Nodes are never freed while the cache runs (tree_free), so the
-	 * list stays good while the lock is dropped for each removal. */
-	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {
-		struct cnode *k = v[i];
+	/* Ghosts of files nothing has open (their last close failed)... */
+	while (!c->silly_left && !c->stopping) {
+		struct ghost *g = ghost_take(c, ghost_closed, NULL);
 
-		if (file_opens(k, &active))
-			continue; /* its last close sees to it */
-		if (k->ghosts)
-			silly_sweep_locked(c, k);
-		if (!c->silly_left && removable(k))
-			(void)unlink_hidden_locked(c, k);
+		if (!g)
+			break;
+		tried++;
+		(void)ghost_sweep_one_locked(c, g);
 	}
-	if (n)
+	/* ...then kept hidden names.  Nodes are never freed while the cache
+	 * runs (tree_free), so the list stays good while the lock is dropped
+	 * for each removal. */
+	if (!c->silly_left && !c->stopping)
+		collect_left(&c->root, &v, &n, &cap);
+	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {
+		if (file_opens(v[i], &active))
+			continue; /* its last close sees to it */
+		tried++;
+		(void)unlink_hidden_locked(c, v[i]);
+	}
+	if (tried)
 		sbx_debug("retried %zu hidden name(s) left by an outage: %s",
-			  n, c->silly_left ? "some are still there"
-					   : "done");
+			  tried, c->silly_left ? "some are still there"
+					       : "done");
 	free(v);
 }
 
@@ -602,46 +649,43 @@ void silly_final_sweep(struct cache *c)
 {
 	struct cnode **v = NULL;
 	size_t n = 0, cap = 0, removed = 0;
+	struct ghost *g;
+	int rc = 0;
 
 	cache_lock(c);
-	collect_left(&c->root, &v, &n, &cap);
-	for (struct cnode *o = c->orphans; o; o = o->orphan_next)
-		collect_left(o, &v, &n, &cap);
+	/* The names lost renames may have made, of open files too... */
+	while (rc == 0 && (g = c->ghosts)) {
+		c->ghosts = g->next;
+		rc = ghost_remove_locked(c, g);
+		ghost_free(g);
+	}
+	/* ...and every hidden name. */
+	if (!outage_error(rc))
+		collect_left(&c->root, &v, &n, &cap);
 	for (size_t i = 0; i < n; i++) {
 		struct cnode *k = v[i];
 		char *dir, *name;
-		int rc = 0;
 
-		/* The names lost renames may have made... */
-		while (k->ghosts && rc == 0) {
-			struct ghost *g = k->ghosts;
-
-			k->ghosts = g->next;
-			rc = ghost_remove_locked(c, g);
-			ghost_free(g);
-		}
-		if (rc < 0)
-			break;
-		/* ...and its own. */
 		if (!removable(k))
 			continue;
 		dir = tree_path(k->parent);
 		name = sbx_xstrdup(k->name);
 		k->slot = S_ABSENT;
 		cache_unlock(c);
-		rc = unlink_in_sandbox(c, dir, name);
+		/* (No path: its directory was replaced, so it is gone.) */
+		rc = dir ? unlink_in_sandbox(c, dir, name) : -ENOENT;
 		if (rc == 0)
 			removed++;
 		else if (rc != -ENOENT)
 			sbx_warn("hidden file %s/%s is left in the sandbox: %s",
-				 dir ? dir : "?", name, sbx_error_last()->msg);
+				 dir, name, sbx_error_last()->msg);
 		sbx_error_clear();
 		free(dir);
 		free(name);
 		cache_lock(c);
-		/* The sandbox is most likely out of reach: do not wait for
-		 * each of the others in turn. */
-		if (rc < 0 && rc != -ENOENT)
+		/* The sandbox out of reach: do not wait for each of the
+		 * others in turn.  (A refusal is this name's alone.) */
+		if (outage_error(rc))
 			break;
 	}
 	cache_unlock(c);

@@ -361,14 +361,14 @@ unsigned tree_file_unhides(const struct cnode *n)
 	unsigned sum = 0;
 
 	tree_for_each_name(a, n)
-		sum += a->unhides;
+		sum += a->unhides + a->ghost_outs;
 	return sum;
 }
 
 bool tree_file_unhiding(const struct cnode *n)
 {
 	tree_for_each_name(a, n)
-		if (cnode_unhiding(a))
+		if (cnode_unhiding(a) || (a->ghost_outs & 1))
 			return true;
 	return false;
 }
@@ -554,6 +554,13 @@ void tree_free(struct cache *c, struct cnode *n)
 	sbx_hashmap_fini(&n->kids);
 	if (n == &c->root) {
 		sbx_hashmap_fini(&c->rings);
+		while (c->ghosts) {
+			struct ghost *g = c->ghosts;
+
+			c->ghosts = g->next;
+			free(g->name);
+			free(g);
+		}
 		while (c->orphans) {
 			struct cnode *o = c->orphans;
 
@@ -566,11 +573,4 @@ void tree_free(struct cache *c, struct cnode *n)
 	content_drop(c, n);
 	free(n->link);
 	n->link = NULL;
-	while (n->ghosts) {
-		struct ghost *g = n->ghosts;
-
-		n->ghosts = g->next;
-		free(g->name);
-		free(g);
-	}
 }

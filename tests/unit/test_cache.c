@@ -2339,6 +2339,51 @@ static void test_lost_rename_not_done_then_number_reused(void **state)
 }
 
 /*
+ * The hidden name a lost silly rename may have made is swept by the rmdir
+ * of its directory even when the file's node is no longer a child of it
+ * (a new file took the name; found in review: the sweep looked only at
+ * the directory's children, and the rmdir said ENOTEMPTY).
+ */
+static void test_rmdir_sweeps_a_lost_rename_of_a_detached_node(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *dir, *f, *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char hidden[96];
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	f = tc_walk_path(e->cache, "s/f", false, &st);
+	snprintf(hidden, sizeof(hidden), "s/.sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
+	/* Done, its answer lost. */
+	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
+	sbx_error_clear();
+	assert_int_equal(pmem_ext_rename(e->mem, "s/f", hidden, 0), 0);
+	/* A new file takes the name: f's node leaves the directory. */
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "new file", 8), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, dir, "f", &n, &st), 0);
+	e->ops->forget(e->cache, n);
+	/* The last close cannot reach the sandbox. */
+	assert_int_equal(pmem_fail(e->mem, "unlink", -EIO, 1), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "s/f"), 0);
+	tc_settle(e);
+
+	assert_int_equal(e->ops->rmdir(e->cache, e->root, "s"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "s", &st), -ENOENT);
+	e->ops->forget(e->cache, f);
+	e->ops->forget(e->cache, dir);
+}
+
+/*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
  * arrives while the move is out (parked after the rename, at the forget of
@@ -2757,6 +2802,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_lost_rename_not_done_then_number_reused, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rmdir_sweeps_a_lost_rename_of_a_detached_node,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
 			teardown),
