@@ -1371,18 +1371,24 @@ static void c_free(struct sbx_sandbox *sb)
 
 	if (!c)
 		return;
+	/* No more events: they would start the fresh walkers again. */
+	change_watch_stop(c);
+	/*
+	 * Our threads next: each may be waiting in touch_drain() for the
+	 * touch sender, whose state touch_stop() frees (review: a prefetch
+	 * thread there at exit read freed memory).
+	 */
+	fresh_stop(c);
+	ahead_stop(c);
+	wb_stop_flusher(c);
 	/* Deferred touches go out now (their failures are logged). */
 	touch_stop(c);
-	change_watch_stop(c);
 	/* Files still open at exit: their writes go out now or never. */
 	if (wb_push_all(c) < 0) {
 		sbx_warn("writes still buffered at exit were not delivered: %s",
 			 sbx_error_last()->msg);
 		sbx_error_clear();
 	}
-	wb_stop_flusher(c);
-	fresh_stop(c);
-	ahead_stop(c);
 	/* Hidden files of files still open (or whose removal failed); no
 	 * other thread of ours is left to move names meanwhile. */
 	silly_final_sweep(c);
