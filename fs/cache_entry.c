@@ -310,6 +310,15 @@ int entry_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 	return remove_entry(CACHE(sb), CNODE(parent), name, true);
 }
 
+/* A rename counted in c->renames_out is over, the tree as it left it. */
+static void renames_out_done(struct cache *c)
+{
+	cache_lock(c);
+	c->renames_out--;
+	pthread_cond_broadcast(&c->cond);
+	cache_unlock(c);
+}
+
 int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		 const char *name, struct sbx_node *newparent,
 		 const char *newname, unsigned flags)
@@ -319,7 +328,7 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_node *fi = NULL, *ti = NULL;
 	struct side_call sc = { .ended = false };
 	char *fp, *tp;
-	bool ok;
+	bool ok, counted = false;
 	int rc;
 
 	rc = cache_check_name(name);
@@ -371,6 +380,10 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 			e2 = change_expect(c, to, newname);
 		}
 		side_begin(c, &sc, from, to != from ? to : NULL);
+		cache_lock(c);
+		c->renames_out++;
+		cache_unlock(c);
+		counted = true;
 		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
 					   flags);
 		side_end(c, &sc);
@@ -383,8 +396,11 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		c->inner->ops->forget(c->inner, fi);
 	if (ti)
 		c->inner->ops->forget(c->inner, ti);
-	if (rc < 0)
+	if (rc < 0) {
+		if (counted)
+			renames_out_done(c);
 		return rc;
+	}
 
 	cache_lock(c);
 	a = tree_kid_find(from, name);
@@ -438,5 +454,6 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		a->own_gen = c->events;
 	}
 	cache_unlock(c);
+	renames_out_done(c);
 	return 0;
 }

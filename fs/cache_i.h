@@ -139,6 +139,9 @@
 #define SILLY_PREFIX ".sbx-silly."
 /* How long an unlink waits for the RELEASE that follows a close. */
 #define RELEASE_WAIT_MS 100
+/* How long the removal of a hidden name that said ENOENT waits for
+ * renames through the mount under way, to try the path they leave. */
+#define RENAME_WAIT_MS 2000
 /* How often hidden names left by an outage are tried again (seconds). */
 #define SILLY_RETRY_S 5.0
 
@@ -376,6 +379,10 @@ struct cache {
 	unsigned side_busy;        /* in flight */
 	unsigned long side_gen;    /* started */
 	unsigned long silly_seq;
+	/* Renames through the mount under way (entry_rename): a path taken
+	 * before one ends may be old (unlink_where_it_is).  c->cond is
+	 * broadcast when one ends. */
+	unsigned renames_out;
 	/*
 	 * Hidden names that silly renames whose answer was lost may have
 	 * made (the sandbox out of reach: it may or may not have done

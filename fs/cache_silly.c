@@ -131,12 +131,52 @@ static int unlink_in_sandbox(struct cache *c, const char *dir,
 }
 
 /*
+ * Remove hidden name `name` of directory node d, whose path *dir was taken
+ * under c->lock (NULL: d has none).  ENOENT may only say that a rename of
+ * d, or of a directory above it, through the mount was under way: the
+ * hidden file is then where d is now (random tester, seed 391619360: it
+ * stayed under the directory's new name for good, and an rmdir there
+ * said ENOTEMPTY).  So on ENOENT wait for the renames under way (at most
+ * RENAME_WAIT_MS) and try d's path again if it changed; *dir is the last
+ * path tried.  No lock held.
+ */
+static int unlink_where_it_is(struct cache *c, const struct cnode *d,
+			      char **dir, const char *name)
+{
+	for (int tries = 0;; tries++) {
+		int rc = unlink_in_sandbox(c, *dir, name);
+		struct timespec until;
+		char *now;
+
+		if (rc != -ENOENT || !*dir || tries == 3)
+			return rc;
+		cache_lock(c);
+		cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);
+		while (c->renames_out &&
+		       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+			;
+		now = tree_path_of(d);
+		cache_unlock(c);
+		if (!now || strcmp(now, *dir) == 0) {
+			free(now);
+			return rc;
+		}
+		sbx_debug("'%s' became '%s' while its hidden name %s was "
+			  "being removed: again there", *dir, now, name);
+		sbx_error_clear();
+		free(*dir);
+		*dir = now;
+	}
+}
+
+/*
  * Remove a silly-renamed file once nothing has it open.  c->lock held; it
  * is dropped for the removal.  False when the removal failed (the hidden
  * name stays, to be removed later).
  */
 static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 {
+	struct cnode *parent;
 	char *dir, *name;
 	unsigned active;
 	bool kept = false, retry = false;
@@ -144,14 +184,16 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 
 	if (file_opens(n, &active) || !removable(n))
 		return true;
-	dir = tree_path(n->parent);
+	/* (Its own parent stays: removable() is false while it is out.) */
+	parent = n->parent;
+	dir = tree_path(parent);
 	name = sbx_xstrdup(n->name);
 	n->slot = S_ABSENT;
 	n->unhides++; /* out: cnode_unhiding() */
 	c->unhides_all++;
 	cache_unlock(c);
 	sbx_debug("removing hidden %s/%s", dir ? dir : "?", name);
-	rc = unlink_in_sandbox(c, dir, name);
+	rc = unlink_where_it_is(c, parent, &dir, name);
 	if (rc == -ENOENT) {
 		/* Removed in the sandbox meanwhile (rm -r of its directory,
 		 * say): what we were to do is done. */
@@ -270,7 +312,7 @@ static int ghost_remove_locked(struct cache *c, const struct ghost *g)
 	g->owner->ghost_outs++;
 	c->unhides_all++;
 	cache_unlock(c);
-	rc = dir ? unlink_in_sandbox(c, dir, g->name) : -ENOENT;
+	rc = dir ? unlink_where_it_is(c, g->dir, &dir, g->name) : -ENOENT;
 	if (rc == 0)
 		sbx_info("removed %s%s%s, left by a hidden rename whose "
 			 "answer was lost", dir, *dir ? "/" : "", g->name);

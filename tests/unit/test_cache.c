@@ -2383,6 +2383,66 @@ static void test_rmdir_sweeps_a_lost_rename_of_a_detached_node(void **state)
 	e->ops->forget(e->cache, dir);
 }
 
+struct close_call {
+	struct tc_env *e;
+	struct sbx_file *fh;
+	int rc;
+};
+
+static void *close_main(void *arg)
+{
+	struct close_call *cc = arg;
+
+	cc->rc = tc_close(cc->e, cc->fh);
+	return NULL;
+}
+
+/*
+ * The last close removes a hidden name while its directory is renamed
+ * through the mount: the removal, sent with the old path, says ENOENT,
+ * and the hidden file must still go, under the directory's new name
+ * (random tester, seed 391619360: it stayed, and an rmdir of the
+ * directory said ENOTEMPTY).
+ */
+static void test_hidden_removal_follows_a_rename_of_its_directory(void **state)
+{
+	struct tc_env *e = *state;
+	struct close_call cc = { .e = e };
+	struct sbx_node *dir, *f;
+	struct stat st;
+	char hidden[96], gate[128], moved[128];
+	pthread_t t;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	f = tc_walk_path(e->cache, "s/f", false, &st);
+	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	snprintf(gate, sizeof(gate), "s/%s", hidden);
+	snprintf(moved, sizeof(moved), "t/%s", hidden);
+	assert_int_equal(tc_open(e, f, O_RDWR, &cc.fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), 0);
+	assert_int_equal(pmem_ext_stat(e->mem, gate, &st), 0);
+
+	/* The last close's removal parks with the old path... */
+	assert_int_equal(pmem_gate_arm(e->mem, "unlink", gate), 0);
+	assert_int_equal(pthread_create(&t, NULL, close_main, &cc), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	/* ...while the directory is renamed. */
+	assert_int_equal(e->ops->rename(e->cache, e->root, "s", e->root, "t",
+					0),
+			 0);
+	pmem_gate_release(e->mem);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(cc.rc, 0);
+	assert_int_equal(pmem_ext_stat(e->mem, moved, &st), -ENOENT);
+	assert_int_equal(e->ops->rmdir(e->cache, e->root, "t"), 0);
+	e->ops->forget(e->cache, f);
+	e->ops->forget(e->cache, dir);
+}
+
 /*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
@@ -2804,6 +2864,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rmdir_sweeps_a_lost_rename_of_a_detached_node,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_hidden_removal_follows_a_rename_of_its_directory,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
