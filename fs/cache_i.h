@@ -171,6 +171,9 @@ struct ghost {
 	char *name;
 	struct cnode *owner;  /* the node whose file it is a name of */
 	struct ghost *next;   /* c->ghosts */
+	/* Its removal is out (it stays listed: an rmdir of dir waits). */
+	bool busy;
+	unsigned long round;  /* c->ghost_round when last tried */
 };
 
 /* Every field is protected by c->lock. */
@@ -393,6 +396,7 @@ struct cache {
 	 * to a new file under its inode number in review.  Few: a list.
 	 */
 	struct ghost *ghosts;
+	unsigned long ghost_round; /* silly_retry_locked's rounds */
 	/* Hidden names may be left to retry (silly_retry_locked), not
 	 * before silly_retry_at (cache_now()). */
 	bool silly_left;

@@ -126,6 +126,13 @@ static int unlink_in_sandbox(struct cache *c, const char *dir,
 	if (rc < 0)
 		return rc;
 	rc = c->inner->ops->unlink(c->inner, in, name);
+	if (rc < 0) {
+		/* (The forget may clear the error's message.) */
+		struct sbx_error failed = *sbx_error_last();
+
+		c->inner->ops->forget(c->inner, in);
+		return failed.code == rc ? sbx_error_restore(&failed) : rc;
+	}
 	c->inner->ops->forget(c->inner, in);
 	return rc;
 }
@@ -272,31 +279,38 @@ static bool names_file(const struct cnode *owner, const struct cnode *n)
 	return false;
 }
 
-/* Take the first ghost of c->ghosts for which `pick` says yes off the
- * list; NULL when none.  c->lock held. */
-static struct ghost *ghost_take(struct cache *c,
-				bool (*pick)(const struct ghost *, const void *),
-				const void *arg)
+/* Claim the first ghost of c->ghosts that is not being removed and for
+ * which `pick` says yes (busy, tried in this round); NULL when none.
+ * c->lock held. */
+static struct ghost *ghost_claim(struct cache *c,
+				 bool (*pick)(const struct cache *,
+					      const struct ghost *,
+					      const void *),
+				 const void *arg)
 {
-	for (struct ghost **pp = &c->ghosts; *pp; pp = &(*pp)->next)
-		if (pick(*pp, arg)) {
-			struct ghost *g = *pp;
-
-			*pp = g->next;
-			g->next = NULL;
+	for (struct ghost *g = c->ghosts; g; g = g->next)
+		if (!g->busy && pick(c, g, arg)) {
+			g->busy = true;
+			g->round = c->ghost_round;
 			return g;
 		}
 	return NULL;
 }
 
-static void ghost_put_back(struct cache *c, struct ghost *g)
+/* A claimed ghost is gone from the sandbox: off the list.  c->lock
+ * held. */
+static void ghost_drop(struct cache *c, struct ghost *g)
 {
-	g->next = c->ghosts;
-	c->ghosts = g;
+	for (struct ghost **pp = &c->ghosts; *pp; pp = &(*pp)->next)
+		if (*pp == g) {
+			*pp = g->next;
+			break;
+		}
+	ghost_free(g);
 }
 
 /*
- * Remove ghost g (taken off c->ghosts) from the sandbox, where its
+ * Remove ghost g (claimed: busy, still listed) from the sandbox, where its
  * directory is now.  0 when it is gone (removed, or never made: ENOENT;
  * its directory replaced or gone), or a negative errno.  While it is out,
  * a link count of its file fetched across it is unsettled (the owner's
@@ -334,24 +348,27 @@ static int ghost_remove_locked(struct cache *c, const struct ghost *g)
 	return rc == -ENOENT ? 0 : rc;
 }
 
-/* Remove ghost g; put it back when that failed (retried by the flusher
- * after an outage's error).  False then.  c->lock held; dropped. */
+/* Remove claimed ghost g; it stays listed when that failed (retried by
+ * the flusher after an outage's error).  False then.  c->lock held;
+ * dropped. */
 static bool ghost_sweep_one_locked(struct cache *c, struct ghost *g)
 {
 	int rc = ghost_remove_locked(c, g);
 
+	g->busy = false;
 	if (rc < 0) {
-		ghost_put_back(c, g);
 		if (outage_error(rc))
 			silly_left_locked(c);
 		return false;
 	}
-	ghost_free(g);
+	ghost_drop(c, g);
 	return true;
 }
 
-static bool ghost_of_file(const struct ghost *g, const void *n)
+static bool ghost_of_file(const struct cache *c, const struct ghost *g,
+			  const void *n)
 {
+	(void)c;
 	return names_file(g->owner, n);
 }
 
@@ -370,16 +387,29 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 	unsigned active;
 	struct ghost *g;
 
-	while (!file_opens(n, &active) && (g = ghost_take(c, ghost_of_file, n)))
+	while (!file_opens(n, &active) &&
+	       (g = ghost_claim(c, ghost_of_file, n)))
 		if (!ghost_sweep_one_locked(c, g))
 			return;
 }
 
-static bool ghost_in_dir_closed(const struct ghost *g, const void *d)
+static bool ghost_in_dir_closed(const struct cache *c, const struct ghost *g,
+				const void *d)
 {
 	unsigned active;
 
+	(void)c;
 	return g->dir == d && !file_opens(g->owner, &active);
+}
+
+/* A ghost in d is being removed (its removal's end broadcasts c->cond).
+ * c->lock held. */
+static bool ghost_busy_in(const struct cache *c, const struct cnode *d)
+{
+	for (const struct ghost *g = c->ghosts; g; g = g->next)
+		if (g->busy && g->dir == d)
+			return true;
+	return false;
 }
 
 /*
@@ -390,7 +420,7 @@ static bool ghost_in_dir_closed(const struct ghost *g, const void *d)
  */
 static bool sweep_dir_locked(struct cache *c, struct cnode *d)
 {
-	struct ghost *g = ghost_take(c, ghost_in_dir_closed, d);
+	struct ghost *g = ghost_claim(c, ghost_in_dir_closed, d);
 
 	return g && ghost_sweep_one_locked(c, g);
 }
@@ -451,7 +481,8 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 			g->owner = k;
 			g->name = sbx_xstrdup(hidden);
 			cache_lock(c);
-			ghost_put_back(c, g);
+			g->next = c->ghosts;
+			c->ghosts = g;
 			tree_invalidate_file(k);
 			silly_sweep_locked(c, k);
 			cache_unlock(c);
@@ -542,6 +573,9 @@ void silly_evict(struct cache *c, struct cnode *dir, const char *name)
 			cache_unlock(c);
 			continue;
 		}
+		/* A ghost in it being removed (a last close just before). */
+		if (d && ghost_busy_in(c, d))
+			removing = true;
 		if (d && d->slot != S_ABSENT && !d->orphan && d != &c->root)
 			tree_for_each_kid(k, it, d) {
 				removing |= k->hidden && cnode_unhiding(k);
@@ -641,12 +675,14 @@ static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 		collect_left(k, v, n, cap);
 }
 
-static bool ghost_closed(const struct ghost *g, const void *unused)
+/* A ghost of a file nothing has open, not tried in this round. */
+static bool ghost_closed_untried(const struct cache *c,
+				 const struct ghost *g, const void *unused)
 {
 	unsigned active;
 
 	(void)unused;
-	return !file_opens(g->owner, &active);
+	return g->round != c->ghost_round && !file_opens(g->owner, &active);
 }
 
 void silly_retry_locked(struct cache *c)
@@ -660,9 +696,11 @@ void silly_retry_locked(struct cache *c)
 		return;
 	/* Found again below; a failure sets it again. */
 	c->silly_left = false;
-	/* Ghosts of files nothing has open (their last close failed)... */
+	/* Ghosts of files nothing has open (their last close failed), each
+	 * once: a refused one stays listed, not to be taken again now... */
+	c->ghost_round++;
 	while (!c->silly_left && !c->stopping) {
-		struct ghost *g = ghost_take(c, ghost_closed, NULL);
+		struct ghost *g = ghost_claim(c, ghost_closed_untried, NULL);
 
 		if (!g)
 			break;
@@ -695,10 +733,12 @@ void silly_final_sweep(struct cache *c)
 	int rc = 0;
 
 	cache_lock(c);
-	/* The names lost renames may have made, of open files too... */
-	while (rc == 0 && (g = c->ghosts)) {
-		c->ghosts = g->next;
+	/* The names lost renames may have made, of open files too (a
+	 * refusal is this name's alone)... */
+	while (!outage_error(rc) && (g = c->ghosts)) {
+		g->busy = true;
 		rc = ghost_remove_locked(c, g);
+		c->ghosts = g->next;
 		ghost_free(g);
 	}
 	/* ...and every hidden name. */
