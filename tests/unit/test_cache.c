@@ -2443,6 +2443,69 @@ static void test_hidden_removal_follows_a_rename_of_its_directory(void **state)
 	e->ops->forget(e->cache, dir);
 }
 
+struct rmdir_bg {
+	struct tc_env *e;
+	const char *name;
+	int rc;
+};
+
+static void *rmdir_bg_main(void *arg)
+{
+	struct rmdir_bg *r = arg;
+
+	r->rc = r->e->ops->rmdir(r->e->cache, r->e->root, r->name);
+	return NULL;
+}
+
+/*
+ * An rmdir while the last close is removing a ghost of the directory (the
+ * hidden name a lost silly rename made) waits for that removal, as for a
+ * hidden name's (review: the ghost was invisible while out, and the rmdir
+ * said ENOTEMPTY).
+ */
+static void test_rmdir_waits_for_a_ghost_being_removed(void **state)
+{
+	struct tc_env *e = *state;
+	struct close_call cc = { .e = e };
+	struct rmdir_bg r = { .e = e, .name = "s", .rc = 1 };
+	struct timespec ms30 = {0, 30 * 1000 * 1000};
+	struct sbx_node *dir, *f;
+	struct stat st;
+	char hidden[96];
+	pthread_t tc, tr;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/f", "data", 4), 0);
+	tc_settle(e);
+	dir = tc_walk_path(e->cache, "s", false, &st);
+	f = tc_walk_path(e->cache, "s/f", false, &st);
+	snprintf(hidden, sizeof(hidden), "s/.sbx-silly.%llu.1",
+		 (unsigned long long)st.st_ino);
+	assert_int_equal(tc_open(e, f, O_RDWR, &cc.fh), 0);
+	/* The silly rename is done, its answer lost: a ghost. */
+	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
+	sbx_error_clear();
+	assert_int_equal(pmem_ext_rename(e->mem, "s/f", hidden, 0), 0);
+	tc_settle(e);
+
+	/* The last close's removal of it parks... */
+	assert_int_equal(pmem_gate_arm(e->mem, "unlink", hidden), 0);
+	assert_int_equal(pthread_create(&tc, NULL, close_main, &cc), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	/* ...an rmdir comes, and the removal ends a moment later. */
+	assert_int_equal(pthread_create(&tr, NULL, rmdir_bg_main, &r), 0);
+	nanosleep(&ms30, NULL);
+	pmem_gate_release(e->mem);
+	assert_int_equal(pthread_join(tc, NULL), 0);
+	assert_int_equal(pthread_join(tr, NULL), 0);
+	assert_int_equal(cc.rc, 0);
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(pmem_ext_stat(e->mem, "s", &st), -ENOENT);
+	e->ops->forget(e->cache, f);
+	e->ops->forget(e->cache, dir);
+}
+
 /*
  * rmdir of a directory whose only file was unlinked while open: its hidden
  * name moves to the root and the rmdir succeeds.  The file's last close
@@ -2868,6 +2931,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_hidden_removal_follows_a_rename_of_its_directory,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rmdir_waits_for_a_ghost_being_removed, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_removed_directory_keeps_its_attributes, setup,
 			teardown),
