@@ -2240,12 +2240,7 @@ static void test_lost_hidden_renames_follow_their_directory(void **state)
 		snprintf(from, sizeof(from), "s/%s", i ? "g" : "f");
 		snprintf(to, sizeof(to), "s/%s", i ? h2 : h1);
 		/* Done, its answer lost. */
-		assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-		assert_int_equal(e->ops->unlink(e->cache, dir, from + 2),
-				 -EIO);
-		sbx_error_clear();
-		assert_int_equal(pmem_ext_rename(e->mem, from, to, 0), 0);
-		tc_settle(e);
+		tc_unlink_answer_lost(e, dir, from + 2, from, to);
 	}
 	assert_int_equal(e->ops->rename(e->cache, e->root, "s", e->root, "t",
 					0),
@@ -2287,9 +2282,7 @@ static void test_lost_rename_not_done_then_number_reused(void **state)
 		f = tc_walk_path(e->cache, "s/f", false, &fst);
 		assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
 		/* Not done, its answer lost all the same. */
-		assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-		assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
-		sbx_error_clear();
+		tc_unlink_answer_lost(e, dir, "f", "s/f", NULL);
 		assert_int_equal(pmem_ext_stat(e->mem, "s/f", &st), 0);
 
 		assert_int_equal(pmem_ext_unlink(e->mem, "s/f"), 0);
@@ -2361,10 +2354,7 @@ static void test_rmdir_sweeps_a_lost_rename_of_a_detached_node(void **state)
 		 (unsigned long long)st.st_ino);
 	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
 	/* Done, its answer lost. */
-	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
-	sbx_error_clear();
-	assert_int_equal(pmem_ext_rename(e->mem, "s/f", hidden, 0), 0);
+	tc_unlink_answer_lost(e, dir, "f", "s/f", hidden);
 	/* A new file takes the name: f's node leaves the directory. */
 	assert_int_equal(pmem_ext_write(e->mem, "s/f", "new file", 8), 0);
 	tc_settle(e);
@@ -2483,11 +2473,7 @@ static void test_rmdir_waits_for_a_ghost_being_removed(void **state)
 		 (unsigned long long)st.st_ino);
 	assert_int_equal(tc_open(e, f, O_RDWR, &cc.fh), 0);
 	/* The silly rename is done, its answer lost: a ghost. */
-	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-	assert_int_equal(e->ops->unlink(e->cache, dir, "f"), -EIO);
-	sbx_error_clear();
-	assert_int_equal(pmem_ext_rename(e->mem, "s/f", hidden, 0), 0);
-	tc_settle(e);
+	tc_unlink_answer_lost(e, dir, "f", "s/f", hidden);
 
 	/* The last close's removal of it parks... */
 	assert_int_equal(pmem_gate_arm(e->mem, "unlink", hidden), 0);

@@ -243,4 +243,21 @@ static inline int tc_close(struct tc_env *e, struct sbx_file *fh)
 	return rc < 0 ? rc : r;
 }
 
+/*
+ * unlink(2) of `name` in dir (path `path`), open here, whose silly rename
+ * is lost: the call says EIO, the sandbox did it or not (`hidden`, the
+ * hidden name's path then; NULL: not done), and every event is delivered.
+ */
+static inline void tc_unlink_answer_lost(struct tc_env *e, struct sbx_node *dir,
+					 const char *name, const char *path,
+					 const char *hidden)
+{
+	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
+	assert_int_equal(e->ops->unlink(e->cache, dir, name), -EIO);
+	sbx_error_clear();
+	if (hidden)
+		assert_int_equal(pmem_ext_rename(e->mem, path, hidden, 0), 0);
+	tc_settle(e);
+}
+
 #endif

@@ -449,11 +449,7 @@ static struct sbx_node *closed_file_ghost(struct tc_env *e, const char *s,
 	snprintf(hidden, size, "%s/.sbx-silly.%llu.%lu", s,
 		 (unsigned long long)st.st_ino, seq);
 	assert_int_equal(tc_open(e, f, O_RDWR, &fh), 0);
-	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
-	assert_int_equal(e->ops->unlink(e->cache, *dir, "f"), -EIO);
-	sbx_error_clear();
-	assert_int_equal(pmem_ext_rename(e->mem, path, hidden, 0), 0);
-	tc_settle(e);
+	tc_unlink_answer_lost(e, *dir, "f", path, hidden);
 	/* Its removal at the last close is refused: it stays. */
 	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
 	assert_int_equal(tc_close(e, fh), 0);
