@@ -2132,10 +2132,7 @@ static void test_overflow_keeps_a_removed_hidden_name_removed(void **state)
 	struct stat st;
 	char hidden[64];
 
-	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
-	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
-	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
-		 (unsigned long long)st.st_ino);
+	tc_create_to_hide(e, "f", 1, &f, &fh, hidden, sizeof(hidden));
 	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
 	assert_int_equal(e->ops->link(e->cache, f, e->root, "h", &made, &st),
 			 0);

@@ -48,6 +48,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +242,23 @@ static inline int tc_close(struct tc_env *e, struct sbx_file *fh)
 	int r = e->ops->release(e->cache, fh);
 
 	return rc < 0 ? rc : r;
+}
+
+/*
+ * A new file `name` in the root, open (*fh), and in hidden[] the name its
+ * silly rename will give it, the `seq`-th of the cache.
+ */
+static inline void tc_create_to_hide(struct tc_env *e, const char *name,
+				     unsigned long seq, struct sbx_node **node,
+				     struct sbx_file **fh, char *hidden,
+				     size_t size)
+{
+	struct stat st;
+
+	assert_int_equal(tc_create(e, name, O_EXCL, node, fh), 0);
+	assert_int_equal(e->ops->getattr(e->cache, *node, NULL, &st), 0);
+	snprintf(hidden, size, ".sbx-silly.%llu.%lu",
+		 (unsigned long long)st.st_ino, seq);
 }
 
 /*

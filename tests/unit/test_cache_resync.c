@@ -284,10 +284,7 @@ static void test_hidden_name_left_by_an_outage_is_retried(void **state)
 	char hidden[64];
 	int rc = 0;
 
-	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
-	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
-	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
-		 (unsigned long long)st.st_ino);
+	tc_create_to_hide(e, "f", 1, &f, &fh, hidden, sizeof(hidden));
 	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	assert_int_equal(pmem_ext_stat(e->mem, hidden, &st), 0);
@@ -335,10 +332,7 @@ static void test_refused_hidden_removal_is_not_retried(void **state)
 	struct stat st;
 	char hidden[64];
 
-	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
-	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
-	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
-		 (unsigned long long)st.st_ino);
+	tc_create_to_hide(e, "f", 1, &f, &fh, hidden, sizeof(hidden));
 	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &g, &st), 0);
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
@@ -373,10 +367,7 @@ static void test_hidden_names_are_removed_at_exit(void **state)
 	struct stat st;
 	char hidden[64];
 
-	assert_int_equal(tc_create(e, "f", O_EXCL, &f, &fh), 0);
-	assert_int_equal(e->ops->getattr(e->cache, f, NULL, &st), 0);
-	snprintf(hidden, sizeof(hidden), ".sbx-silly.%llu.1",
-		 (unsigned long long)st.st_ino);
+	tc_create_to_hide(e, "f", 1, &f, &fh, hidden, sizeof(hidden));
 	assert_int_equal(e->ops->unlink(e->cache, e->root, "f"), 0);
 	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
 	assert_int_equal(tc_close(e, fh), 0);
