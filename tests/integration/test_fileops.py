@@ -1426,7 +1426,11 @@ def test_inode_lifetime_across_forget(sandbox):
         os.close(keep)
     drop_kernel_caches()
     want = {f"f{i}" for i in range(1, 2000, 2)} - {"f7", "f9"} | {"f8", "nine"}
-    assert set(os.listdir(sandbox.worktree / "forget")) == want
+    # f7's hidden name (remote) goes at its last close, which the kernel
+    # sends after close() has returned (RELEASE is asynchronous): CI saw
+    # `.sbx-silly.*` still there once (kubernetes, 2026-12-07).
+    poll(lambda: set(os.listdir(sandbox.worktree / "forget")), want,
+         within=10)
     assert set(os.listdir(m)) == want
 
 
