@@ -13,7 +13,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -71,11 +70,10 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 {
 	struct agent_watch *w = payload;
 	struct wevent *slot;
-
 	int kind = ev->kind;
 	const char *path = ev->path;
-
 	uint64_t ino = 0;
+	struct stat st;
 
 	/* A path beyond PATH_MAX (very deep trees) could not be used by a
 	 * client anyway and might not fit a frame: say "invalidate all". */
@@ -88,19 +86,13 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	 * a file it knows by another name (a link made to it): inotify tells
 	 * only a watch on the file itself of that.  Before the event is
 	 * queued, outside the lock; the name may have changed again since,
-	 * which a later event says.
+	 * which a later event says.  Not of a file system mounted below the
+	 * root: clients number its inodes their own way (premote_fix_stat).
+	 * Nor for a path too long to send.
 	 */
-	if (kind == SBX_FSWATCH_ENTRY &&
-	    !(ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR))) {
-		char *full = sbx_xasprintf("%s/%s", w->root, path);
-		struct stat st;
-
-		/* A file system mounted below the root: clients number its
-		 * inodes their own way (premote_fix_stat), so say nothing. */
-		if (lstat(full, &st) == 0 && st.st_dev == w->root_dev)
-			ino = (uint64_t)st.st_ino;
-		free(full);
-	}
+	if (path && sbx_fswatch_entry_stat(ev, w->root, &st) &&
+	    st.st_dev == w->root_dev)
+		ino = (uint64_t)st.st_ino;
 	pthread_mutex_lock(&w->lock);
 	w->seq++;
 	slot = &w->ring[w->seq % RING_SIZE];

@@ -356,13 +356,8 @@ static void c_forget(struct sbx_sandbox *sb, struct sbx_node *node)
  */
 static bool open_file_last_st(const struct cnode *n, struct stat *st)
 {
-	unsigned opens = 0;
-
-	if (!S_ISREG(n->st.st_mode) || !n->st.st_ino)
-		return false;
-	tree_for_each_name(a, n)
-		opens += a->opens;
-	if (!opens)
+	if (!S_ISREG(n->st.st_mode) || !n->st.st_ino ||
+	    !tree_file_opens(n, NULL))
 		return false;
 	*st = n->st;
 	st->st_nlink = tree_visible_nlink(n, st->st_nlink);
@@ -1392,6 +1387,7 @@ static void c_free(struct sbx_sandbox *sb)
 	/* Hidden files of files still open (or whose removal failed); no
 	 * other thread of ours is left to move names meanwhile. */
 	silly_final_sweep(c);
+	silly_fini(c);
 	cache_lock(c);
 	tree_free(c, &c->root);
 	change_expect_clear(c);

@@ -656,6 +656,14 @@ void tree_ring_retire(struct cache *c, ino_t ino);
  * a name itself (its slot, the path a push takes) asks n->dirty.
  */
 unsigned tree_file_dirty(const struct cnode *n);
+/*
+ * Open files of n's file, and (active, if not NULL) how many of them had
+ * no FLUSH since their last use: those counted on n and on its other
+ * names.  The kernel has one inode per file and its opens count on
+ * whichever node that inode holds, which may be a name removed since
+ * (open b after link(c, b) and unlink(c) counts on c).  c->lock held.
+ */
+unsigned tree_file_opens(const struct cnode *n, unsigned *active);
 /* How many of the names of n's file are hidden (silly renames) and still
  * in the sandbox. */
 unsigned tree_hidden_names(const struct cnode *n);
@@ -961,5 +969,8 @@ void silly_retry_locked(struct cache *c);
  * flusher is stopped).
  */
 void silly_final_sweep(struct cache *c);
+/* Free what is left of c->ghosts (those the sweep could not remove).
+ * Teardown only: no other thread. */
+void silly_fini(struct cache *c);
 
 #endif

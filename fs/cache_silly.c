@@ -27,34 +27,14 @@
 #include "sbx/xmalloc.h"
 #include "cache_i.h"
 
-/*
- * Open files of n's file, and how many of them are active: those counted
- * on n and on its other names.  The kernel has one inode per file and its
- * opens count on whichever node that inode holds, which may be a name
- * removed since (open b after link(c, b) and unlink(c) counts on c).
- * c->lock held.
- */
-static unsigned file_opens(const struct cnode *n, unsigned *active)
-{
-	unsigned opens = 0;
-
-	*active = 0;
-	tree_for_each_name(a, n) {
-		opens += a->opens;
-		*active += a->active;
-	}
-	return opens;
-}
-
 /* Wait up to RELEASE_WAIT_MS for the last RELEASE of n's file.  c->lock
  * held. */
 static void wait_released(struct cache *c, struct cnode *n)
 {
 	struct timespec until;
-	unsigned active;
 
 	cache_deadline_in(&until, CLOCK_REALTIME, RELEASE_WAIT_MS);
-	while (file_opens(n, &active) &&
+	while (tree_file_opens(n, NULL) &&
 	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
 		;
 }
@@ -185,11 +165,10 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 {
 	struct cnode *parent;
 	char *dir, *name;
-	unsigned active;
 	bool kept = false, retry = false;
 	int rc;
 
-	if (file_opens(n, &active) || !removable(n))
+	if (tree_file_opens(n, NULL) || !removable(n))
 		return true;
 	/* (Its own parent stays: removable() is false while it is out.) */
 	parent = n->parent;
@@ -252,9 +231,7 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
  */
 static void unlink_hidden_file_locked(struct cache *c, struct cnode *n)
 {
-	unsigned active;
-
-	while (!file_opens(n, &active)) {
+	while (!tree_file_opens(n, NULL)) {
 		struct cnode *h = name_where(n, removable);
 
 		/* A failed removal is not tried again at once: the sandbox
@@ -384,10 +361,9 @@ static bool ghost_of_file(const struct cache *c, const struct ghost *g,
  */
 static void silly_sweep_locked(struct cache *c, struct cnode *n)
 {
-	unsigned active;
 	struct ghost *g;
 
-	while (!file_opens(n, &active) &&
+	while (!tree_file_opens(n, NULL) &&
 	       (g = ghost_claim(c, ghost_of_file, n)))
 		if (!ghost_sweep_one_locked(c, g))
 			return;
@@ -396,10 +372,8 @@ static void silly_sweep_locked(struct cache *c, struct cnode *n)
 static bool ghost_in_dir_closed(const struct cache *c, const struct ghost *g,
 				const void *d)
 {
-	unsigned active;
-
 	(void)c;
-	return g->dir == d && !file_opens(g->owner, &active);
+	return g->dir == d && !tree_file_opens(g->owner, NULL);
 }
 
 /* A ghost in d is being removed (its removal's end broadcasts c->cond).
@@ -437,10 +411,10 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 	cache_lock(c);
 	k = tree_kid_find(dir, name);
 	if (k)
-		opens = file_opens(k, &active);
+		opens = tree_file_opens(k, &active);
 	if (opens && !active) {
 		wait_released(c, k);
-		opens = file_opens(k, &active);
+		opens = tree_file_opens(k, &active);
 	}
 	if (!k || k->slot == S_ABSENT || !opens || k->hidden ||
 	    (k->st.st_mode && !S_ISREG(k->st.st_mode))) {
@@ -473,8 +447,6 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 			/* The sandbox may have done it: see to it once
 			 * nothing has the file open (maybe now: the last
 			 * close may have come while the rename was out). */
-			int keep = rc;
-
 			struct ghost *g = sbx_xcalloc(1, sizeof(*g));
 
 			g->dir = dir;
@@ -486,7 +458,6 @@ int silly_rename(struct cache *c, struct cnode *dir, const char *name)
 			tree_invalidate_file(k);
 			silly_sweep_locked(c, k);
 			cache_unlock(c);
-			rc = keep;
 			sbx_error_set(SBX_ERR_REMOTE, rc,
 				      "could not move '%s' out of the way of "
 				      "its removal: %s", name, strerror(-rc));
@@ -679,17 +650,14 @@ static void collect_left(struct cnode *d, struct cnode ***v, size_t *n,
 static bool ghost_closed_untried(const struct cache *c,
 				 const struct ghost *g, const void *unused)
 {
-	unsigned active;
-
 	(void)unused;
-	return g->round != c->ghost_round && !file_opens(g->owner, &active);
+	return g->round != c->ghost_round && !tree_file_opens(g->owner, NULL);
 }
 
 void silly_retry_locked(struct cache *c)
 {
 	struct cnode **v = NULL;
 	size_t n = 0, cap = 0, tried = 0;
-	unsigned active;
 
 	if (!c->silly_left || cache_now() < c->silly_retry_at ||
 	    !cache_healthy(c))
@@ -713,7 +681,7 @@ void silly_retry_locked(struct cache *c)
 	if (!c->silly_left && !c->stopping)
 		collect_left(&c->root, &v, &n, &cap);
 	for (size_t i = 0; i < n && !c->silly_left && !c->stopping; i++) {
-		if (file_opens(v[i], &active))
+		if (tree_file_opens(v[i], NULL))
 			continue; /* its last close sees to it */
 		tried++;
 		(void)unlink_hidden_locked(c, v[i]);
@@ -738,8 +706,7 @@ void silly_final_sweep(struct cache *c)
 	while (!outage_error(rc) && (g = c->ghosts)) {
 		g->busy = true;
 		rc = ghost_remove_locked(c, g);
-		c->ghosts = g->next;
-		ghost_free(g);
+		ghost_drop(c, g);
 	}
 	/* ...and every hidden name. */
 	if (!outage_error(rc))
@@ -775,4 +742,10 @@ void silly_final_sweep(struct cache *c)
 		sbx_info("removed %zu hidden file(s) of files removed while "
 			 "open", removed);
 	free(v);
+}
+
+void silly_fini(struct cache *c)
+{
+	while (c->ghosts)
+		ghost_drop(c, c->ghosts);
 }

@@ -356,6 +356,19 @@ unsigned tree_hidden_names(const struct cnode *n)
 	return hidden;
 }
 
+unsigned tree_file_opens(const struct cnode *n, unsigned *active)
+{
+	unsigned opens = 0, act = 0;
+
+	tree_for_each_name(a, n) {
+		opens += a->opens;
+		act += a->active;
+	}
+	if (active)
+		*active = act;
+	return opens;
+}
+
 unsigned tree_file_unhides(const struct cnode *n)
 {
 	unsigned sum = 0;
@@ -554,13 +567,6 @@ void tree_free(struct cache *c, struct cnode *n)
 	sbx_hashmap_fini(&n->kids);
 	if (n == &c->root) {
 		sbx_hashmap_fini(&c->rings);
-		while (c->ghosts) {
-			struct ghost *g = c->ghosts;
-
-			c->ghosts = g->next;
-			free(g->name);
-			free(g);
-		}
 		while (c->orphans) {
 			struct cnode *o = c->orphans;
 

@@ -103,17 +103,8 @@ static struct fs_name *name_find_locked(struct fs *fs, fuse_ino_t parent,
 	return hn ? sbx_hashmap_entry(hn, struct fs_name, hnode) : NULL;
 }
 
-void fs_names_removed(struct fs *fs, fuse_ino_t parent, const char *name)
-{
-	struct fs_name *e;
-
-	pthread_mutex_lock(&fs->lock);
-	while ((e = name_find_locked(fs, parent, name)))
-		name_free_locked(fs, e);
-	pthread_mutex_unlock(&fs->lock);
-}
-
-/* Move every entry of (parent, name) onto list *moved.  fs->lock held. */
+/* Drop every entry of (parent, name) from the index; the first `cap` of
+ * their inodes go to moved[] (*n of them).  fs->lock held. */
 static void names_detach_locked(struct fs *fs, fuse_ino_t parent,
 				const char *name, struct fs_inode **moved,
 				size_t *n, size_t cap)
@@ -125,6 +116,15 @@ static void names_detach_locked(struct fs *fs, fuse_ino_t parent,
 			moved[(*n)++] = e->inode;
 		name_free_locked(fs, e);
 	}
+}
+
+void fs_names_removed(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&fs->lock);
+	names_detach_locked(fs, parent, name, NULL, &n, 0);
+	pthread_mutex_unlock(&fs->lock);
 }
 
 /* (Renames and takes keep at most a few inodes per name: more under one

@@ -508,3 +508,21 @@ int sbx_fswatch_sync(struct sbx_fswatch *w, int timeout_ms)
 	pthread_mutex_unlock(&w->lock);
 	return rc;
 }
+
+bool sbx_fswatch_entry_stat(const struct sbx_fswatch_event *ev,
+			    const char *root, struct stat *st)
+{
+	char *full;
+	bool ok;
+
+	memset(st, 0, sizeof(*st));
+	if (ev->kind != SBX_FSWATCH_ENTRY || !ev->path ||
+	    (ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR)))
+		return false;
+	full = sbx_xasprintf("%s/%s", root, ev->path);
+	ok = lstat(full, st) == 0;
+	free(full);
+	if (!ok)
+		memset(st, 0, sizeof(*st));
+	return ok;
+}

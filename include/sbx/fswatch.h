@@ -37,6 +37,7 @@
 #ifndef SBX_FSWATCH_H
 #define SBX_FSWATCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -126,5 +127,17 @@ void sbx_fswatch_wake(struct sbx_fswatch *w);
 
 /* Stop the thread and release everything.  Accepts NULL. */
 void sbx_fswatch_free(struct sbx_fswatch *w);
+
+struct stat;
+/*
+ * What the name of ENTRY event `ev` holds now: lstat() of root/ev->path,
+ * for a consumer that refreshes the link count of a file a link was made
+ * to (inotify tells only a watch on the file itself of that).  False, and
+ * *st zeroed, when the event removed or moved the name away, is about a
+ * directory (no hard links), has no path, or the name is gone again (a
+ * later event says so).
+ */
+bool sbx_fswatch_entry_stat(const struct sbx_fswatch_event *ev,
+			    const char *root, struct stat *st);
 
 #endif

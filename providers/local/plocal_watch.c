@@ -231,15 +231,7 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 		 * file the kernel knows by another name changed that file's
 		 * link count, and no event names it.
 		 */
-		memset(&st, 0, sizeof(st));
-		if (ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR)) {
-			/* gone, or a directory (no hard links) */
-		} else {
-			path = sbx_xasprintf("%s/%s", w->root, ev->path);
-			if (lstat(path, &st) < 0)
-				memset(&st, 0, sizeof(st));
-			free(path);
-		}
+		(void)sbx_fswatch_entry_stat(ev, w->root, &st);
 		emit(w, SBX_CHANGE_ENTRY, ev->dir_dev, ev->dir_ino, ev->name,
 		     st.st_dev, st.st_ino);
 		return;

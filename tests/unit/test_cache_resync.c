@@ -380,6 +380,23 @@ static void test_hidden_names_are_removed_at_exit(void **state)
 }
 
 /*
+ * The daemon exits (the cache freed) with the next `refused` removals
+ * refused: how many of the two hidden files are still in the sandbox.
+ */
+static int left_after_exit(struct tc_env *e, char hidden[2][96], int refused)
+{
+	struct stat st;
+	int left = 0;
+
+	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, refused), 0);
+	sbx_sandbox_free(e->cache);
+	e->cache = NULL;
+	for (int i = 0; i < 2; i++)
+		left += pmem_ext_stat(e->mem, hidden[i], &st) == 0;
+	return left;
+}
+
+/*
  * The exit sweep goes on past a removal the sandbox refuses (one hidden
  * name's own matter: a read-only directory), and stops only at an
  * outage's error (review: the first failure of any kind ended it).
@@ -387,9 +404,8 @@ static void test_hidden_names_are_removed_at_exit(void **state)
 static void test_exit_sweep_goes_on_past_a_refusal(void **state)
 {
 	struct tc_env *e = *state;
-	char hidden[2][64];
+	char hidden[2][96];
 	struct stat st;
-	int left = 0;
 
 	for (int i = 0; i < 2; i++) {
 		struct sbx_node *f;
@@ -408,12 +424,7 @@ static void test_exit_sweep_goes_on_past_a_refusal(void **state)
 		e->ops->forget(e->cache, f);
 	}
 	/* The first the sweep tries is refused again. */
-	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
-	sbx_sandbox_free(e->cache);
-	e->cache = NULL;
-	for (int i = 0; i < 2; i++)
-		left += pmem_ext_stat(e->mem, hidden[i], &st) == 0;
-	assert_int_equal(left, 1);
+	assert_int_equal(left_after_exit(e, hidden, 1), 1);
 }
 
 /*
@@ -484,9 +495,7 @@ static void test_exit_sweep_goes_on_past_a_refused_ghost(void **state)
 {
 	struct tc_env *e = *state;
 	struct sbx_node *f[2], *dir[2];
-	struct stat st;
 	char hidden[2][96];
-	int left = 0;
 
 	f[0] = closed_file_ghost(e, "s", hidden[0], sizeof(hidden[0]), 1,
 				 &dir[0]);
@@ -496,12 +505,7 @@ static void test_exit_sweep_goes_on_past_a_refused_ghost(void **state)
 		e->ops->forget(e->cache, f[i]);
 		e->ops->forget(e->cache, dir[i]);
 	}
-	assert_int_equal(pmem_fail(e->mem, "unlink", -EACCES, 1), 0);
-	sbx_sandbox_free(e->cache);
-	e->cache = NULL;
-	for (int i = 0; i < 2; i++)
-		left += pmem_ext_stat(e->mem, hidden[i], &st) == 0;
-	assert_int_equal(left, 1);
+	assert_int_equal(left_after_exit(e, hidden, 1), 1);
 }
 
 int main(void)
