@@ -34,6 +34,12 @@
  *    pmem_fail() and the gate (pmem_gate_*) inject errors and order races
  *    (providers/mem/pmem.h).
  *
+ * The events of the cache's own changes come too, late and on another
+ * thread: one that lands while a fetch is out keeps that fetch's answer
+ * from being recorded (it may predate the change).  A test that counts
+ * calls after an entry operation of its own calls tc_settle() first, or
+ * the count depends on timing.
+ *
  * Nodes and handles a test gets from lookup/create/open are its own to
  * forget/release, as the kernel's would be.  Everything here runs on the
  * test's thread (cmocka's asserts must not run elsewhere), except the
