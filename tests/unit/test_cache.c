@@ -1885,6 +1885,50 @@ static void test_lookup_count_fetched_across_a_hidden_removal(void **state)
 }
 
 /*
+ * And for a GETATTR of a node that the kernel got while its file had one
+ * name (so it is in no ring), another name made behind the mount since,
+ * opened and removed here: its hidden name's removal moves nothing the
+ * node counts, and the count taken before it (2) was kept for 1.
+ */
+static void test_getattr_count_of_an_unringed_node(void **state)
+{
+	struct tc_env *e = *state;
+	struct getattr_job j = {.e = e};
+	struct sbx_node *a, *b;
+	struct sbx_file *fh, *fa;
+	struct timespec until;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(pmem_ext_link(e->mem, "a", "b"), 0);
+	tc_settle(e);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(st.st_nlink, 2);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	/* (A change behind the mount so that a's attributes are asked.) */
+	assert_int_equal(pmem_ext_chmod(e->mem, "a", 0600), 0);
+	tc_settle(e);
+	/* The getattr's answer is made (2 links: a, the hidden name)... */
+	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "a"), 0);
+	j.n = a;
+	assert_int_equal(pthread_create(&t, NULL, getattr_main, &j), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
+	/* ...while the last close removes the hidden name. */
+	assert_int_equal(tc_close(e, fh), 0);
+	pmem_gate_release(e->mem);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	assert_int_equal(j.rc, 0);
+	assert_int_equal(j.st.st_nlink, 1);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
+/*
  * open(O_CREAT) of an existing hard-linked file whose other name was
  * removed while open: the create's answer carries the sandbox's count,
  * hidden name included, and the kernel keeps it (random tester, seeds
@@ -2908,6 +2952,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_lookup_count_fetched_across_a_hidden_removal, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_getattr_count_of_an_unringed_node, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_new_directory_is_not_a_dead_file,
 						setup, teardown),
