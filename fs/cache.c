@@ -486,6 +486,30 @@ again:
 	return 0;
 }
 
+void cache_settle_nlink(struct sbx_sandbox *sb, struct cnode *n,
+			unsigned long unhides_all, struct stat *st)
+{
+	struct cache *c = CACHE(sb);
+	struct stat fst;
+	bool unsettled;
+
+	cache_lock(c);
+	unsettled = tree_count_unsettled(c, n, unhides_all);
+	if (unsettled)
+		n->st_valid = false;
+	cache_unlock(c);
+	if (unsettled && c_getattr(sb, (struct sbx_node *)n, NULL, &fst) == 0) {
+		*st = fst;
+		return;
+	}
+	/* Settled, or gone meanwhile (say): the answer's own count. */
+	if (unsettled)
+		sbx_error_clear();
+	cache_lock(c);
+	st->st_nlink = tree_visible_nlink(n, st->st_nlink);
+	cache_unlock(c);
+}
+
 /*
  * A touch (utime(NULL), futimens(UTIME_NOW)) of a regular file or
  * directory whose attributes the tree holds, while the change stream is
@@ -541,12 +565,16 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR, .in = in,
 				       .valid = valid };
 	struct sbx_node *inode;
+	unsigned long unhides_all;
 	bool pushed;
 	int rc;
 
 	(void)fh;
 	if (touch_deferred(c, n, valid, out))
 		return 0;
+	cache_lock(c);
+	unhides_all = c->unhides_all;
+	cache_unlock(c);
 	/* A file being written: held, sent with its bytes. */
 	if (wb_defer_setattr(c, n, in, valid, out))
 		return 0;
@@ -579,8 +607,9 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	/* ctime (and a size) changed for every name of the file. */
 	tree_invalidate_file(n);
 	n->st_valid = true;
-	out->st_nlink = tree_visible_nlink(n, out->st_nlink);
 	cache_unlock(c);
+	/* The kernel keeps the answer's link count too. */
+	cache_settle_nlink(sb, n, unhides_all, out);
 	return 0;
 }
 
@@ -708,9 +737,8 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	struct sbx_open_result res;
 	struct sbx_node *in, *made = NULL;
 	struct cfile *f;
-	struct stat fst;
 	unsigned long unhides;
-	bool expect, unsettled, created;
+	bool expect, created;
 	int rc = cache_check_name(name);
 
 	if (rc < 0)
@@ -752,23 +780,9 @@ static int c_create(struct sbx_sandbox *sb, struct sbx_node *parent,
 	 * taken while one was being removed (a last close just before, whose
 	 * RELEASE the kernel does not wait for) may or may not count it
 	 * (random tester, seeds 894512807 and 491753834: fstat after such an
-	 * open said 2 links for 1).  That one is asked for again.
+	 * open said 2 links for 1).
 	 */
-	cache_lock(c);
-	unsettled = tree_count_unsettled(c, k, unhides);
-	if (unsettled)
-		k->st_valid = false;
-	cache_unlock(c);
-	if (unsettled && c_getattr(sb, (struct sbx_node *)k, NULL, &fst) == 0) {
-		*st = fst;
-	} else {
-		/* Settled, or gone meanwhile (say): the create's own count. */
-		if (unsettled)
-			sbx_error_clear();
-		cache_lock(c);
-		st->st_nlink = tree_visible_nlink(k, st->st_nlink);
-		cache_unlock(c);
-	}
+	cache_settle_nlink(sb, k, unhides, st);
 	/*
 	 * O_EXCL, or the name known free and the file with one link: a new
 	 * file.  (A name known free may hold a file made behind us just now,

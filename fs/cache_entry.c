@@ -204,6 +204,7 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct cache *c = CACHE(sb);
 	struct cnode *from = CNODE(node);
 	struct sbx_node *in, *src, *made = NULL;
+	unsigned long unhides_all;
 	int rc = cache_check_name(newname);
 
 	if (rc < 0)
@@ -213,6 +214,9 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 	rc = wb_push_node(c, from);
 	if (rc < 0)
 		return rc;
+	cache_lock(c);
+	unhides_all = c->unhides_all;
+	cache_unlock(c);
 	rc = cache_inner_node_of(c, from, &src);
 	if (rc < 0)
 		return rc;
@@ -237,11 +241,11 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 		tree_refresh_st(c, from, st);
 	if (rc == 0)
 		tree_refresh_st(c, CNODE(*out), st);
+	cache_unlock(c);
 	/* The kernel takes the answer's link count for the file: hidden
 	 * names of it (another name removed while open) do not count. */
 	if (rc == 0)
-		st->st_nlink = tree_visible_nlink(CNODE(*out), st->st_nlink);
-	cache_unlock(c);
+		cache_settle_nlink(sb, CNODE(*out), unhides_all, st);
 	return rc;
 }
 

@@ -680,6 +680,16 @@ nlink_t tree_visible_nlink(const struct cnode *n, nlink_t nlink);
 bool tree_count_unsettled(struct cache *c, const struct cnode *k,
 			  unsigned long unhides);
 /*
+ * st: the answer of a call about n's file that the kernel keeps (a
+ * create's, a link's, a setattr's), sent when c->unhides_all was
+ * `unhides_all`, already recorded under n.  Its st_nlink becomes the count
+ * the user should see: hidden names taken out, and when the count is
+ * unsettled (tree_count_unsettled) *st is n's attributes asked again
+ * (the answer's own count when that fails).  No lock held.
+ */
+void cache_settle_nlink(struct sbx_sandbox *sb, struct cnode *n,
+			unsigned long unhides_all, struct stat *st);
+/*
  * Removals of hidden names of n's file started or ended so far (a sum
  * that moves with each), and whether one is out now.  A link count the
  * sandbox gave while it moved, or with one out, may or may not count the

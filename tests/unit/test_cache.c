@@ -1928,6 +1928,125 @@ static void test_getattr_count_of_an_unringed_node(void **state)
 	e->ops->forget(e->cache, a);
 }
 
+struct chmod_job {
+	struct tc_env *e;
+	struct sbx_node *n;
+	struct stat out;
+	int rc;
+};
+
+static void *chmod_main(void *arg)
+{
+	struct chmod_job *j = arg;
+	struct stat in;
+
+	memset(&in, 0, sizeof(in));
+	in.st_mode = S_IFREG | 0600;
+	j->rc = j->e->ops->setattr(j->e->cache, j->n, NULL, &in, SBX_SET_MODE,
+				   &j->out);
+	return NULL;
+}
+
+/*
+ * A setattr's answer, which the kernel keeps as the file's attributes,
+ * made while a hidden name of the file was still there and taken apart
+ * after the last close removed it: 2 links for 1.
+ */
+static void test_setattr_count_fetched_across_a_hidden_removal(void **state)
+{
+	struct tc_env *e = *state;
+	struct chmod_job j = {.e = e};
+	struct sbx_node *a, *b, *made;
+	struct sbx_file *fh, *fa;
+	struct timespec until;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	/* The chmod's answer is made (2 links: a, the hidden name)... */
+	assert_int_equal(pmem_gate_arm_after(e->mem, "setattr", "a"), 0);
+	j.n = a;
+	assert_int_equal(pthread_create(&t, NULL, chmod_main, &j), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
+	/* ...while the last close removes the hidden name. */
+	assert_int_equal(tc_close(e, fh), 0);
+	pmem_gate_release(e->mem);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	assert_int_equal(j.rc, 0);
+	assert_int_equal(j.out.st_mode & 07777, 0600);
+	assert_int_equal(j.out.st_nlink, 1);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
+struct link_job {
+	struct tc_env *e;
+	struct sbx_node *n, *made;
+	struct stat st;
+	int rc;
+};
+
+static void *link_main(void *arg)
+{
+	struct link_job *j = arg;
+
+	j->rc = j->e->ops->link(j->e->cache, j->n, j->e->root, "c", &j->made,
+				&j->st);
+	return NULL;
+}
+
+/*
+ * And a link's answer (the new name's attributes, which the kernel keeps
+ * for the file): held back after it was made, by its release of the
+ * source ("forget", the first call after the link), while the last close
+ * removes the hidden name: 3 links for 2.
+ */
+static void test_link_answer_across_a_hidden_removal(void **state)
+{
+	struct tc_env *e = *state;
+	struct link_job j = {.e = e};
+	struct sbx_node *a, *b, *made;
+	struct sbx_file *fh, *fa;
+	struct timespec until;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	/* The link's answer is made (3 links: a, c, the hidden name)... */
+	assert_int_equal(pmem_gate_arm(e->mem, "forget", "a"), 0);
+	j.n = a;
+	assert_int_equal(pthread_create(&t, NULL, link_main, &j), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
+	assert_true(pmem_ext_stat(e->mem, "c", &st) == 0);
+	/* ...while the last close removes the hidden name. */
+	assert_int_equal(tc_close(e, fh), 0);
+	pmem_gate_release(e->mem);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	assert_int_equal(j.rc, 0);
+	assert_int_equal(j.st.st_nlink, 2);
+	e->ops->forget(e->cache, j.made);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, a);
+}
+
 /*
  * open(O_CREAT) of an existing hard-linked file whose other name was
  * removed while open: the create's answer carries the sandbox's count,
@@ -2955,6 +3074,12 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_getattr_count_of_an_unringed_node, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_setattr_count_fetched_across_a_hidden_removal,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_link_answer_across_a_hidden_removal, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_new_directory_is_not_a_dead_file,
 						setup, teardown),
