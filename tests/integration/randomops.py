@@ -728,6 +728,11 @@ def copy_tree(src, dst):
         for d in dirs:
             st = os.lstat(os.path.join(top, d))
             os.chmod(os.path.join(dst, rel_top, d), stat.S_IMODE(st.st_mode))
+    # and src's own: a worker may have removed its directory and made it
+    # again with mode 0o700 (rmdir('.') and mkdir('.') act on it), and a
+    # copy left at the umask's mode showed as a mismatch of stat('.') in
+    # every later phase (seeds 740872253 and, likely, 83203121)
+    os.chmod(dst, stat.S_IMODE(os.lstat(src).st_mode))
 
 
 def worker_diff(spec):

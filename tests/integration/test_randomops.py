@@ -241,3 +241,25 @@ def test_fault_model_real_loss_still_found():
     # Without a failed write the size is exact.
     m = model_after([("w", 0, b"a" * 10)])
     assert "size" in verdict(m, b"a" * 11)
+
+
+@pytest.mark.nofuse
+def test_copy_tree_keeps_every_directory_mode(tmp_path):
+    """The plain tree resynchronised from the mount (after a fault phase or
+    a finding) has the mount's modes, its top directory's too: a worker
+    may have removed its own directory and made it again with 0o700
+    (seed 740872253: stat('.') then said 0o755 in the plain tree, a false
+    mismatch in every later phase)."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f").write_bytes(b"x")
+    os.chmod(src / "sub" / "f", 0o640)
+    os.chmod(src / "sub", 0o750)
+    os.chmod(src, 0o700)
+    dst.mkdir(mode=0o755)
+    randomops.copy_tree(str(src), str(dst))
+    mode = lambda p: os.lstat(p).st_mode & 0o7777  # noqa: E731
+    assert mode(dst) == 0o700
+    assert mode(dst / "sub") == 0o750
+    assert mode(dst / "sub" / "f") == 0o640
+    assert (dst / "sub" / "f").read_bytes() == b"x"
