@@ -25,15 +25,8 @@
 #include "fs_ctl.h"
 #include "fs_i.h"
 
-/*
- * Kernel cache timeouts (docs/design.md, "Local cache rule").  With a live
- * change stream every change is invalidated explicitly, so the timeout is
- * only a bound on the damage of a lost event.  Without one, changes made
- * behind our back show up within FS_TIMEOUT_BLIND seconds.
- */
-#define FS_TIMEOUT_WATCHED 600.0
-#define FS_TIMEOUT_BLIND 1.0
-
+/* Kernel cache timeouts: FS_TIMEOUT_* in fs_i.h (docs/design.md, "Local
+ * cache rule"). */
 bool fs_healthy(struct fs *fs)
 {
 	if (!fs->watching)
@@ -73,7 +66,15 @@ static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
 /* Forget every cached entry, attribute and page (events were lost). */
 static void invalidate_everything(struct fs *fs)
 {
+	/* A reply built before this and sent after it would install what
+	 * it read: its replay (fs_entry_replay) must count every change as
+	 * lost. */
+	pthread_mutex_lock(&fs->lock);
+	__atomic_store_n(&fs->entry_gen, fs->entry_gen + FS_RECENT_ENTRIES + 1,
+			 __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&fs->lock);
 	fs_inode_foreach(fs, inval_all_one, NULL);
+	fs_negatives_invalidate(fs);
 }
 
 uint64_t fs_entry_gen(struct fs *fs)
@@ -105,7 +106,8 @@ static void inval_child_of(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
 						 strlen(name));
 }
 
-void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since)
+void fs_entry_replay(struct fs *fs, fuse_ino_t parent, const char *name,
+		     uint64_t since)
 {
 	char *names[FS_RECENT_ENTRIES];
 	size_t n = 0;
@@ -131,8 +133,12 @@ void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since)
 		free(names[i]);
 	}
 	if (lost) {
-		/* Too many changes to tell which: every known child. */
+		/* Too many changes to tell which: every known child, and the
+		 * name the reply was about (a negative entry has no inode). */
 		fs_inode_foreach(fs, inval_child_of, &parent);
+		if (name)
+			fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
+							 strlen(name));
 	}
 	fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
 }
@@ -167,6 +173,7 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		/* Drops the dentry (positive or negative)... */
 		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
 						 strlen(c->name));
+		fs_negative_drop(fs, parent, c->name);
 		/* ...and the directory's attributes and listing... */
 		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
 	objects:
@@ -545,6 +552,8 @@ int fs_daemon_run(const struct fs_options *o)
 		fs.control_socket = sbx_xstrdup(o->control_socket);
 	pthread_mutex_init(&fs.lock, NULL);
 	pthread_mutex_init(&fs.barrier_lock, NULL);
+	pthread_mutex_init(&fs.neg_lock, NULL);
+	sbx_hashmap_init(&fs.negatives);
 	fs_inodes_init(&fs);
 
 	fs.root.node = fs.sb->ops->root(fs.sb);
@@ -657,5 +666,6 @@ out:
 	sbx_sandbox_free(fs.cache);
 	pthread_mutex_destroy(&fs.lock);
 	pthread_mutex_destroy(&fs.barrier_lock);
+	fs_negatives_fini(&fs);
 	return rc;
 }

@@ -41,6 +41,17 @@
 struct fs_ctl;
 
 #define FS_RECENT_ENTRIES 256
+/*
+ * Entry and attribute timeouts: long while the change stream is healthy
+ * (every change is invalidated explicitly, so the timeout only bounds the
+ * damage of a lost event), short without one (changes made behind our
+ * back show up within FS_TIMEOUT_BLIND seconds).
+ */
+#define FS_TIMEOUT_WATCHED 600.0
+#define FS_TIMEOUT_BLIND 1.0
+/* Negative entries listed at most (fs_negative_timeout); past that, the
+ * long timeout is not given. */
+#define FS_NEGATIVES_MAX 65536
 /* Names kept per inode in the name index (fs_names_*), newest first. */
 #define FS_NAMES_PER_INODE 16
 
@@ -110,6 +121,14 @@ struct fs {
 		char *name;
 	} recent[FS_RECENT_ENTRIES];
 
+	/*
+	 * Negative entries handed out with the long timeout (negatives.c):
+	 * struct fs_negative by (parent, name).  Its own leaf lock: nothing
+	 * else is taken, and no notification sent, while neg_lock is held.
+	 */
+	pthread_mutex_t neg_lock;
+	struct sbx_hashmap negatives;
+
 	struct fs_ctl *ctl;
 
 	/* Lazy-unmount watch (fs.c): ends the loop once no mount is left. */
@@ -123,6 +142,29 @@ struct fs {
 };
 
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* --- negatives.c ---------------------------------------------------------- */
+/*
+ * The kernel may keep a negative dentry (parent, name) for as long as the
+ * entry timeout: one given while the change stream is healthy lasts
+ * FS_TIMEOUT_WATCHED, and only an event about that name drops it.  So such
+ * names are listed, and when events are lost (invalidate_everything) each
+ * is dropped too: a negative dentry has no inode that the walk over inodes
+ * would reach.
+ *
+ * fs_negative_timeout(): list (parent, name) and return the timeout for its
+ * negative reply: FS_TIMEOUT_WATCHED, or FS_TIMEOUT_BLIND when the list is
+ * full (FS_NEGATIVES_MAX).  Call before the reply is sent, only while
+ * healthy.  fs_negative_drop(): the name's event came (its dentry was
+ * invalidated).  fs_negatives_invalidate(): drop every listed dentry and
+ * empty the list.  fs_negatives_fini(): free the list (no notification).
+ * neg_lock is initialised by the caller (fs.c) and destroyed by fini.
+ */
+double fs_negative_timeout(struct fs *fs, fuse_ino_t parent,
+			   const char *name);
+void fs_negative_drop(struct fs *fs, fuse_ino_t parent, const char *name);
+void fs_negatives_invalidate(struct fs *fs);
+void fs_negatives_fini(struct fs *fs);
 
 /* --- inode.c ------------------------------------------------------------- */
 void fs_inodes_init(struct fs *fs);
@@ -227,12 +269,15 @@ void fs_apply_change(const struct sbx_change *c, void *payload);
  * the invalidation, and keeps it for the whole long timeout.  So: take
  * fs_entry_gen() before reading, and after sending the reply call
  * fs_entry_replay(), which invalidates again whatever changed in `parent`
- * meanwhile.  The kernel holds the directory's lock while it takes in a
+ * meanwhile (a lookup passes its `name`, NULL otherwise: when changes were
+ * lost, that name is dropped too, as it may be a negative entry).  The
+ * kernel holds the directory's lock while it takes in a
  * reply, and an invalidation waits for that lock: the second one lands
  * after the stale data.  Never call replay before the reply is sent (the
  * kernel would wait for the reply while we wait for its lock).
  */
 uint64_t fs_entry_gen(struct fs *fs);
-void fs_entry_replay(struct fs *fs, fuse_ino_t parent, uint64_t since);
+void fs_entry_replay(struct fs *fs, fuse_ino_t parent, const char *name,
+		     uint64_t since);
 
 #endif

@@ -170,6 +170,8 @@ static void reply_entry(fuse_req_t req, struct fs *fs, fuse_ino_t parent,
 	struct fuse_entry_param e;
 	struct fs_inode *in = fs_inode_remember(fs, parent, name, node, st);
 
+	/* The name's negative entry, if listed, is this one now. */
+	fs_negative_drop(fs, parent, name);
 	memset(&e, 0, sizeof(e));
 	e.ino = fs_inode_id(fs, in);
 	e.attr = *st;
@@ -229,14 +231,14 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 		sbx_error_clear();
 		memset(&e, 0, sizeof(e));
-		e.entry_timeout = fs_timeout(fs);
+		e.entry_timeout = fs_negative_timeout(fs, parent, name);
 		fuse_reply_entry(req, &e);
 	} else if (rc < 0) {
 		return reply_err(req, "lookup", rc);
 	} else {
 		reply_entry(req, fs, parent, name, node, &st);
 	}
-	fs_entry_replay(fs, parent, gen);
+	fs_entry_replay(fs, parent, name, gen);
 }
 
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
@@ -874,7 +876,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 	else
 		fuse_reply_buf(req, d.buf, d.used);
 	free(d.buf);
-	fs_entry_replay(fs, ino, gen);
+	fs_entry_replay(fs, ino, NULL, gen);
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,

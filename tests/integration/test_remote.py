@@ -602,6 +602,34 @@ def test_agent_killed_and_restarted(sandbox):
 
 
 
+@pytest.mark.remote_only("restarts the agent process itself")
+def test_name_made_while_events_were_lost(sandbox):
+    """A name the mount said was absent while the change stream was healthy
+    (the kernel keeps that answer for the long timeout), then made in the
+    sandbox while the agent was down (its events lost: the daemon drops
+    what the kernel caches once the stream is back): the mount shows it
+    at once, not ten minutes later.  A negative entry has no inode, so
+    dropping every inode's entries missed it (random tester's fault runs,
+    mount-stale: a file intact in the sandbox, ENOENT through the mount)."""
+    sb, agent = sandbox, sandbox.agent
+    sb.env.expect_log_error(".*")   # the daemon logs the outage
+    m, root = sb.mnt, sb.worktree
+    _warm(sb)
+    assert not (m / "made-in-gap").exists()
+    assert not (m / "src" / "also-in-gap").exists()
+    agent.kill(signal.SIGKILL)
+    try:
+        (root / "made-in-gap").write_text("here")
+        (root / "src" / "also-in-gap").write_text("there")
+    finally:
+        agent.start()
+    poll(lambda: fs_op("read", m / "README.md", limit=30).result,
+         "# sample\n", OUTAGE_TIMEOUT + 10, step=0.2)
+    poll(lambda: (m / "made-in-gap").exists(), True, VISIBLE_WITHIN + 5)
+    assert (m / "made-in-gap").read_text() == "here"
+    assert (m / "src" / "also-in-gap").read_text() == "there"
+
+
 @pytest.mark.remote_only("stops the agent process itself")
 def test_agent_stopped_then_continued(sandbox):
     """A stuck agent (SIGSTOP: its kernel still accepts connections and
