@@ -169,11 +169,13 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 			obj[nobj++] = ino;
 		if (!parent || !c->name)
 			goto objects;
+		/* (Off the list first: a LOOKUP answered after the
+		 * invalidation below lists the name again, and stays.) */
+		fs_negative_drop(fs, parent, c->name);
 		note_entry_change(fs, parent, c->name);
 		/* Drops the dentry (positive or negative)... */
 		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
 						 strlen(c->name));
-		fs_negative_drop(fs, parent, c->name);
 		/* ...and the directory's attributes and listing... */
 		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
 	objects:

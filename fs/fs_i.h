@@ -128,6 +128,7 @@ struct fs {
 	 */
 	pthread_mutex_t neg_lock;
 	struct sbx_hashmap negatives;
+	long long neg_prune_at; /* sbx_clock_mono_ms(); neg_lock */
 
 	struct fs_ctl *ctl;
 
@@ -154,7 +155,10 @@ extern const struct fuse_lowlevel_ops fs_ops;
  *
  * fs_negative_timeout(): list (parent, name) and return the timeout for its
  * negative reply: FS_TIMEOUT_WATCHED, or FS_TIMEOUT_BLIND when the list is
- * full (FS_NEGATIVES_MAX).  Call before the reply is sent, only while
+ * full (FS_NEGATIVES_MAX) even after entries timed out in the kernel were
+ * taken off.  Entries also leave when their name's event comes, when the
+ * name gets an entry through us (reply_entry, create, a rename's target)
+ * and at an overflow.  Call before the reply is sent, only while
  * healthy.  fs_negative_drop(): the name's event came (its dentry was
  * invalidated).  fs_negatives_invalidate(): drop every listed dentry and
  * empty the list.  fs_negatives_fini(): free the list (no notification).

@@ -15,13 +15,19 @@
 #include <string.h>
 
 #include "fs_i.h"
+#include "sbx/clock.h"
 #include "sbx/xmalloc.h"
 
 struct fs_negative {
 	struct sbx_hashmap_node hnode; /* fs->negatives */
+	long long expires_ms;          /* sbx_clock_mono_ms() the kernel's
+					* copy times out */
 	fuse_ino_t parent;
 	char name[];
 };
+
+/* At most one pruning walk of a full list per this many ms. */
+#define NEGATIVES_PRUNE_EVERY_MS 10000
 
 struct negative_key {
 	fuse_ino_t parent;
@@ -54,27 +60,59 @@ static struct fs_negative *negative_find(struct fs *fs, fuse_ino_t parent,
 	return n ? sbx_hashmap_entry(n, struct fs_negative, hnode) : NULL;
 }
 
+/*
+ * A full list: take off the entries whose kernel copy has timed out (the
+ * names created through the mount, whose own events the cache keeps to
+ * itself, end there too).  At most every NEGATIVES_PRUNE_EVERY_MS, so a
+ * list full of live entries is not walked at each lookup.  neg_lock held.
+ */
+static void negatives_prune_locked(struct fs *fs, long long now)
+{
+	struct sbx_hashmap_iter it;
+	struct sbx_hashmap_node *n;
+
+	if (now < fs->neg_prune_at)
+		return;
+	fs->neg_prune_at = now + NEGATIVES_PRUNE_EVERY_MS;
+	sbx_hashmap_iter_init(&it, &fs->negatives);
+	while ((n = sbx_hashmap_next(&it))) {
+		struct fs_negative *x =
+			sbx_hashmap_entry(n, struct fs_negative, hnode);
+
+		if (x->expires_ms <= now) {
+			sbx_hashmap_remove(&fs->negatives, n);
+			free(x);
+		}
+	}
+}
+
 double fs_negative_timeout(struct fs *fs, fuse_ino_t parent,
 			   const char *name)
 {
+	long long now = sbx_clock_mono_ms();
+	long long expires = now + (long long)(FS_TIMEOUT_WATCHED * 1000);
 	double timeout = FS_TIMEOUT_WATCHED;
+	struct fs_negative *x;
 
 	pthread_mutex_lock(&fs->neg_lock);
-	if (!negative_find(fs, parent, name)) {
-		if (sbx_hashmap_count(&fs->negatives) >= FS_NEGATIVES_MAX) {
-			/* Not listed, so not long-lived either. */
-			timeout = FS_TIMEOUT_BLIND;
-		} else {
-			size_t len = strlen(name);
-			struct fs_negative *x =
-				sbx_xmalloc(sizeof(*x) + len + 1);
+	x = negative_find(fs, parent, name);
+	if (!x && sbx_hashmap_count(&fs->negatives) >= FS_NEGATIVES_MAX)
+		negatives_prune_locked(fs, now);
+	if (x) {
+		x->expires_ms = expires;
+	} else if (sbx_hashmap_count(&fs->negatives) >= FS_NEGATIVES_MAX) {
+		/* Not listed, so not long-lived either. */
+		timeout = FS_TIMEOUT_BLIND;
+	} else {
+		size_t len = strlen(name);
 
-			sbx_hashmap_node_init(&x->hnode);
-			x->parent = parent;
-			memcpy(x->name, name, len + 1);
-			sbx_hashmap_insert(&fs->negatives, &x->hnode,
-					   negative_hash(parent, name));
-		}
+		x = sbx_xmalloc(sizeof(*x) + len + 1);
+		sbx_hashmap_node_init(&x->hnode);
+		x->expires_ms = expires;
+		x->parent = parent;
+		memcpy(x->name, name, len + 1);
+		sbx_hashmap_insert(&fs->negatives, &x->hnode,
+				   negative_hash(parent, name));
 	}
 	pthread_mutex_unlock(&fs->neg_lock);
 	return timeout;

@@ -170,7 +170,13 @@ static void reply_entry(fuse_req_t req, struct fs *fs, fuse_ino_t parent,
 	struct fuse_entry_param e;
 	struct fs_inode *in = fs_inode_remember(fs, parent, name, node, st);
 
-	/* The name's negative entry, if listed, is this one now. */
+	/*
+	 * The name's listed negative entry, if any, is this one now.  Off the
+	 * list before the reply, not after: once the reply is in, an event
+	 * and a LOOKUP may list the name again, which a later drop would
+	 * take off while the kernel keeps that negative entry.  (If the reply
+	 * fails, the kernel may keep an unlisted one: an aborted request.)
+	 */
 	fs_negative_drop(fs, parent, name);
 	memset(&e, 0, sizeof(e));
 	e.ino = fs_inode_id(fs, in);
@@ -481,8 +487,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 	rc = fs->sb->ops->rename(fs->sb, node_of(fs, parent), name,
 				 node_of(fs, newparent), newname, flags);
-	if (rc == 0)
+	if (rc == 0) {
 		fs_names_renamed(fs, parent, name, newparent, newname, flags);
+		/* The kernel moves the source's dentry onto the target's. */
+		fs_negative_drop(fs, newparent, newname);
+	}
 	reply_rc(req, "rename", rc);
 }
 
@@ -587,6 +596,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	e.generation = 0;
 	e.attr_timeout = fs_timeout(fs);
 	e.entry_timeout = fs_timeout(fs);
+	/* The kernel's dentry for the name is this file now (reply_entry). */
+	fs_negative_drop(fs, parent, name);
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		struct fs_file *f = file_of(fi);
 
