@@ -63,18 +63,28 @@ static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
 	fuse_lowlevel_notify_inval_inode(fs->se, ino, 0, 0);
 }
 
-/* Forget every cached entry, attribute and page (events were lost). */
+/* Forget every cached entry, attribute and page (events were lost, or,
+ * without a change stream, a command ran in the sandbox). */
 static void invalidate_everything(struct fs *fs)
 {
-	/* A reply built before this and sent after it would install what
-	 * it read: its replay (fs_entry_replay) must count every change as
-	 * lost. */
+	fs_inode_foreach(fs, inval_all_one, NULL);
+	fs_negatives_invalidate(fs);
+}
+
+/*
+ * Events were lost while the kernel had long timeouts: a reply built
+ * before invalidate_everything() and sent after it would install what it
+ * read for as long, so its replay (fs_entry_replay) must count every
+ * change as lost.  (Not for the blind mode's barrier: its timeouts are
+ * short, and every directory handle's next listing would walk all
+ * inodes.)
+ */
+static void entries_all_changed(struct fs *fs)
+{
 	pthread_mutex_lock(&fs->lock);
 	__atomic_store_n(&fs->entry_gen, fs->entry_gen + FS_RECENT_ENTRIES + 1,
 			 __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&fs->lock);
-	fs_inode_foreach(fs, inval_all_one, NULL);
-	fs_negatives_invalidate(fs);
 }
 
 uint64_t fs_entry_gen(struct fs *fs)
@@ -214,6 +224,7 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		break;
 	case SBX_CHANGE_OVERFLOW:
 		sbx_info("change stream overflowed: invalidating all caches");
+		entries_all_changed(fs);
 		invalidate_everything(fs);
 		break;
 	}
