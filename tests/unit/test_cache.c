@@ -1763,19 +1763,91 @@ static void test_link_counts_for_every_name(void **state)
 	e->ops->forget(e->cache, a);
 }
 
-struct getattr_job {
+/* One call of the cache made on a thread (see parked_across_last_close):
+ * `kind` says which, on node n (lookup: of `name` in the root; link: n as
+ * "c" in the root, the new node in *made). */
+enum call_kind { CALL_GETATTR, CALL_LOOKUP, CALL_CHMOD_600, CALL_LINK };
+
+struct call_job {
 	struct tc_env *e;
-	struct sbx_node *n;
-	struct stat st;
+	enum call_kind kind;
+	struct sbx_node *n, *made;
+	const char *name;
+	struct stat st; /* the answer */
 	int rc;
 };
 
-static void *getattr_main(void *arg)
+static void *call_main(void *arg)
 {
-	struct getattr_job *j = arg;
+	struct call_job *j = arg;
+	struct sbx_sandbox *c = j->e->cache;
+	const struct sbx_sandbox_ops *ops = j->e->ops;
+	struct stat in;
 
-	j->rc = j->e->ops->getattr(j->e->cache, j->n, NULL, &j->st);
+	switch (j->kind) {
+	case CALL_GETATTR:
+		j->rc = ops->getattr(c, j->n, NULL, &j->st);
+		break;
+	case CALL_LOOKUP:
+		j->rc = ops->lookup(c, j->e->root, j->name, &j->n, &j->st);
+		break;
+	case CALL_CHMOD_600:
+		memset(&in, 0, sizeof(in));
+		in.st_mode = S_IFREG | 0600;
+		j->rc = ops->setattr(c, j->n, NULL, &in, SBX_SET_MODE, &j->st);
+		break;
+	case CALL_LINK:
+		j->rc = ops->link(c, j->n, j->e->root, "c", &j->made, &j->st);
+		break;
+	}
 	return NULL;
+}
+
+/*
+ * A file "a" with a second name "b" linked through the cache, open through
+ * b (*fh), and b removed: its hidden name stays until *fh is closed.
+ */
+static void a_with_b_open_and_removed(struct tc_env *e, struct sbx_node **a,
+				      struct sbx_node **b, struct sbx_file **fh)
+{
+	struct sbx_node *made;
+	struct sbx_file *fa;
+	struct stat st;
+
+	assert_int_equal(tc_create(e, "a", O_EXCL, a, &fa), 0);
+	assert_int_equal(tc_close(e, fa), 0);
+	assert_int_equal(e->ops->link(e->cache, *a, e->root, "b", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	*b = tc_walk_path(e->cache, "b", false, &st);
+	assert_int_equal(tc_open(e, *b, O_RDWR, fh), 0);
+	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+}
+
+/*
+ * Run fn(job) on a thread whose call of `op` on `path` parks at the gate
+ * (once its answer is made, with `after`); while it is parked, the last
+ * close of fh removes the hidden name; then the call goes on, and the
+ * thread is joined.
+ */
+static void parked_across_last_close(struct tc_env *e, const char *op,
+				     const char *path, bool after,
+				     void *(*fn)(void *), void *job,
+				     struct sbx_file *fh)
+{
+	struct timespec until;
+	pthread_t t;
+
+	assert_int_equal(after ? pmem_gate_arm_after(e->mem, op, path)
+			       : pmem_gate_arm(e->mem, op, path),
+			 0);
+	assert_int_equal(pthread_create(&t, NULL, fn, job), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
+	assert_int_equal(tc_close(e, fh), 0);
+	pmem_gate_release(e->mem);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += WATCHDOG_S;
+	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
 }
 
 /*
@@ -1789,53 +1861,20 @@ static void *getattr_main(void *arg)
 static void test_link_count_fetched_across_a_hidden_removal(void **state)
 {
 	struct tc_env *e = *state;
-	struct getattr_job j = {.e = e};
-	struct sbx_node *a, *b, *made;
-	struct sbx_file *fh, *fa;
-	struct timespec until;
-	struct stat st;
-	pthread_t t;
+	struct call_job j = {.e = e, .kind = CALL_GETATTR};
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
 
-	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
-	assert_int_equal(tc_close(e, fa), 0);
-	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
-	b = tc_walk_path(e->cache, "b", false, &st);
-	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
-	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
-	/* The stat's answer is made (2 links), then held back... */
-	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "a"), 0);
+	a_with_b_open_and_removed(e, &a, &b, &fh);
+	/* The stat's answer is made (2 links), then held back while the
+	 * last close removes the hidden name. */
 	j.n = a;
-	assert_int_equal(pthread_create(&t, NULL, getattr_main, &j), 0);
-	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
-	/* ...while the last close removes the hidden name. */
-	assert_int_equal(tc_close(e, fh), 0);
-	pmem_gate_release(e->mem);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += WATCHDOG_S;
-	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	parked_across_last_close(e, "getattr", "a", true, call_main, &j,
+				 fh);
 	assert_int_equal(j.rc, 0);
 	assert_int_equal(j.st.st_nlink, 1);
 	e->ops->forget(e->cache, b);
 	e->ops->forget(e->cache, a);
-}
-
-struct lookup_job {
-	struct tc_env *e;
-	const char *name;
-	struct sbx_node *n;
-	struct stat st;
-	int rc;
-};
-
-static void *lookup_main(void *arg)
-{
-	struct lookup_job *j = arg;
-
-	j->rc = j->e->ops->lookup(j->e->cache, j->e->root, j->name, &j->n,
-				  &j->st);
-	return NULL;
 }
 
 /*
@@ -1850,33 +1889,17 @@ static void *lookup_main(void *arg)
 static void test_lookup_count_fetched_across_a_hidden_removal(void **state)
 {
 	struct tc_env *e = *state;
-	struct lookup_job j = {.e = e, .name = "c"};
-	struct sbx_node *a, *b, *made;
-	struct sbx_file *fh, *fa;
-	struct timespec until;
-	struct stat st;
-	pthread_t t;
+	struct call_job j = {.e = e, .kind = CALL_LOOKUP, .name = "c"};
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
 
-	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
-	assert_int_equal(tc_close(e, fa), 0);
-	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
-	b = tc_walk_path(e->cache, "b", false, &st);
-	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
-	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	a_with_b_open_and_removed(e, &a, &b, &fh);
 	assert_int_equal(pmem_ext_link(e->mem, "a", "c"), 0);
 	tc_settle(e);
-	/* The lookup's answer is made (3 links: a, c, the hidden name)... */
-	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "c"), 0);
-	assert_int_equal(pthread_create(&t, NULL, lookup_main, &j), 0);
-	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
-	/* ...while the last close removes the hidden name. */
-	assert_int_equal(tc_close(e, fh), 0);
-	pmem_gate_release(e->mem);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += WATCHDOG_S;
-	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	/* The lookup's answer is made (3 links: a, c, the hidden name),
+	 * then held back while the last close removes the hidden name. */
+	parked_across_last_close(e, "getattr", "c", true, call_main, &j,
+				 fh);
 	assert_int_equal(j.rc, 0);
 	assert_int_equal(j.st.st_nlink, 2);
 	e->ops->forget(e->cache, j.n);
@@ -1893,12 +1916,10 @@ static void test_lookup_count_fetched_across_a_hidden_removal(void **state)
 static void test_getattr_count_of_an_unringed_node(void **state)
 {
 	struct tc_env *e = *state;
-	struct getattr_job j = {.e = e};
+	struct call_job j = {.e = e, .kind = CALL_GETATTR};
 	struct sbx_node *a, *b;
 	struct sbx_file *fh, *fa;
-	struct timespec until;
 	struct stat st;
-	pthread_t t;
 
 	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
 	assert_int_equal(tc_close(e, fa), 0);
@@ -1911,40 +1932,15 @@ static void test_getattr_count_of_an_unringed_node(void **state)
 	/* (A change behind the mount so that a's attributes are asked.) */
 	assert_int_equal(pmem_ext_chmod(e->mem, "a", 0600), 0);
 	tc_settle(e);
-	/* The getattr's answer is made (2 links: a, the hidden name)... */
-	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "a"), 0);
+	/* The getattr's answer is made (2 links: a, the hidden name), then
+	 * held back while the last close removes the hidden name. */
 	j.n = a;
-	assert_int_equal(pthread_create(&t, NULL, getattr_main, &j), 0);
-	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
-	/* ...while the last close removes the hidden name. */
-	assert_int_equal(tc_close(e, fh), 0);
-	pmem_gate_release(e->mem);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += WATCHDOG_S;
-	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	parked_across_last_close(e, "getattr", "a", true, call_main, &j,
+				 fh);
 	assert_int_equal(j.rc, 0);
 	assert_int_equal(j.st.st_nlink, 1);
 	e->ops->forget(e->cache, b);
 	e->ops->forget(e->cache, a);
-}
-
-struct chmod_job {
-	struct tc_env *e;
-	struct sbx_node *n;
-	struct stat out;
-	int rc;
-};
-
-static void *chmod_main(void *arg)
-{
-	struct chmod_job *j = arg;
-	struct stat in;
-
-	memset(&in, 0, sizeof(in));
-	in.st_mode = S_IFREG | 0600;
-	j->rc = j->e->ops->setattr(j->e->cache, j->n, NULL, &in, SBX_SET_MODE,
-				   &j->out);
-	return NULL;
 }
 
 /*
@@ -1955,53 +1951,20 @@ static void *chmod_main(void *arg)
 static void test_setattr_count_fetched_across_a_hidden_removal(void **state)
 {
 	struct tc_env *e = *state;
-	struct chmod_job j = {.e = e};
-	struct sbx_node *a, *b, *made;
-	struct sbx_file *fh, *fa;
-	struct timespec until;
-	struct stat st;
-	pthread_t t;
+	struct call_job j = {.e = e, .kind = CALL_CHMOD_600};
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
 
-	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
-	assert_int_equal(tc_close(e, fa), 0);
-	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
-	b = tc_walk_path(e->cache, "b", false, &st);
-	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
-	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
-	/* The chmod's answer is made (2 links: a, the hidden name)... */
-	assert_int_equal(pmem_gate_arm_after(e->mem, "setattr", "a"), 0);
+	a_with_b_open_and_removed(e, &a, &b, &fh);
+	/* The chmod's answer is made (2 links: a, the hidden name), then held
+	 * back while the last close removes the hidden name. */
 	j.n = a;
-	assert_int_equal(pthread_create(&t, NULL, chmod_main, &j), 0);
-	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
-	/* ...while the last close removes the hidden name. */
-	assert_int_equal(tc_close(e, fh), 0);
-	pmem_gate_release(e->mem);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += WATCHDOG_S;
-	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	parked_across_last_close(e, "setattr", "a", true, call_main, &j, fh);
 	assert_int_equal(j.rc, 0);
-	assert_int_equal(j.out.st_mode & 07777, 0600);
-	assert_int_equal(j.out.st_nlink, 1);
+	assert_int_equal(j.st.st_mode & 07777, 0600);
+	assert_int_equal(j.st.st_nlink, 1);
 	e->ops->forget(e->cache, b);
 	e->ops->forget(e->cache, a);
-}
-
-struct link_job {
-	struct tc_env *e;
-	struct sbx_node *n, *made;
-	struct stat st;
-	int rc;
-};
-
-static void *link_main(void *arg)
-{
-	struct link_job *j = arg;
-
-	j->rc = j->e->ops->link(j->e->cache, j->n, j->e->root, "c", &j->made,
-				&j->st);
-	return NULL;
 }
 
 /*
@@ -2013,33 +1976,16 @@ static void *link_main(void *arg)
 static void test_link_answer_across_a_hidden_removal(void **state)
 {
 	struct tc_env *e = *state;
-	struct link_job j = {.e = e};
-	struct sbx_node *a, *b, *made;
-	struct sbx_file *fh, *fa;
-	struct timespec until;
-	struct stat st;
-	pthread_t t;
+	struct call_job j = {.e = e, .kind = CALL_LINK};
+	struct sbx_node *a, *b;
+	struct sbx_file *fh;
 
-	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
-	assert_int_equal(tc_close(e, fa), 0);
-	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
-	b = tc_walk_path(e->cache, "b", false, &st);
-	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
-	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
-	/* The link's answer is made (3 links: a, c, the hidden name)... */
-	assert_int_equal(pmem_gate_arm(e->mem, "forget", "a"), 0);
+	a_with_b_open_and_removed(e, &a, &b, &fh);
+	/* The link's answer is made (3 links: a, c, the hidden name), then
+	 * held back (at its release of the source) while the last close
+	 * removes the hidden name. */
 	j.n = a;
-	assert_int_equal(pthread_create(&t, NULL, link_main, &j), 0);
-	assert_int_equal(pmem_gate_wait(e->mem, WATCHDOG_S * 1000), 0);
-	assert_true(pmem_ext_stat(e->mem, "c", &st) == 0);
-	/* ...while the last close removes the hidden name. */
-	assert_int_equal(tc_close(e, fh), 0);
-	pmem_gate_release(e->mem);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += WATCHDOG_S;
-	assert_int_equal(pthread_timedjoin_np(t, NULL, &until), 0);
+	parked_across_last_close(e, "forget", "a", false, call_main, &j, fh);
 	assert_int_equal(j.rc, 0);
 	assert_int_equal(j.st.st_nlink, 2);
 	e->ops->forget(e->cache, j.made);
@@ -2059,17 +2005,10 @@ static void test_create_of_a_linked_file_counts_no_hidden_name(void **state)
 	struct tc_env *e = *state;
 	struct sbx_node *a, *b, *made;
 	struct sbx_open_result res;
-	struct sbx_file *fh, *fa;
+	struct sbx_file *fh;
 	struct stat st;
 
-	assert_int_equal(tc_create(e, "a", O_EXCL, &a, &fa), 0);
-	assert_int_equal(tc_close(e, fa), 0);
-	assert_int_equal(e->ops->link(e->cache, a, e->root, "b", &made, &st),
-			 0);
-	e->ops->forget(e->cache, made);
-	b = tc_walk_path(e->cache, "b", false, &st);
-	assert_int_equal(tc_open(e, b, O_RDWR, &fh), 0);
-	assert_int_equal(e->ops->unlink(e->cache, e->root, "b"), 0);
+	a_with_b_open_and_removed(e, &a, &b, &fh);
 	assert_int_equal(e->ops->create(e->cache, e->root, "a", 0644,
 					O_CREAT | O_RDWR, &made, &st, &res),
 			 0);
