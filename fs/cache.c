@@ -486,25 +486,36 @@ again:
 	return 0;
 }
 
+unsigned long cache_unhides_now(struct cache *c)
+{
+	unsigned long now;
+
+	cache_lock(c);
+	now = c->unhides_all;
+	cache_unlock(c);
+	return now;
+}
+
 void cache_settle_nlink(struct sbx_sandbox *sb, struct cnode *n,
 			unsigned long unhides_all, struct stat *st)
 {
 	struct cache *c = CACHE(sb);
 	struct stat fst;
-	bool unsettled;
 
 	cache_lock(c);
-	unsettled = tree_count_unsettled(c, n, unhides_all);
-	if (unsettled)
-		n->st_valid = false;
+	if (!tree_count_unsettled(c, n, unhides_all)) {
+		st->st_nlink = tree_visible_nlink(n, st->st_nlink);
+		cache_unlock(c);
+		return;
+	}
+	n->st_valid = false;
 	cache_unlock(c);
-	if (unsettled && c_getattr(sb, (struct sbx_node *)n, NULL, &fst) == 0) {
+	if (c_getattr(sb, (struct sbx_node *)n, NULL, &fst) == 0) {
 		*st = fst;
 		return;
 	}
-	/* Settled, or gone meanwhile (say): the answer's own count. */
-	if (unsettled)
-		sbx_error_clear();
+	/* Gone meanwhile (say): the answer's own count. */
+	sbx_error_clear();
 	cache_lock(c);
 	st->st_nlink = tree_visible_nlink(n, st->st_nlink);
 	cache_unlock(c);
@@ -572,9 +583,7 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	(void)fh;
 	if (touch_deferred(c, n, valid, out))
 		return 0;
-	cache_lock(c);
-	unhides_all = c->unhides_all;
-	cache_unlock(c);
+	unhides_all = cache_unhides_now(c);
 	/* A file being written: held, sent with its bytes. */
 	if (wb_defer_setattr(c, n, in, valid, out))
 		return 0;

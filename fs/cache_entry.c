@@ -214,9 +214,7 @@ int entry_link(struct sbx_sandbox *sb, struct sbx_node *node,
 	rc = wb_push_node(c, from);
 	if (rc < 0)
 		return rc;
-	cache_lock(c);
-	unhides_all = c->unhides_all;
-	cache_unlock(c);
+	unhides_all = cache_unhides_now(c);
 	rc = cache_inner_node_of(c, from, &src);
 	if (rc < 0)
 		return rc;

@@ -689,6 +689,9 @@ bool tree_count_unsettled(struct cache *c, const struct cnode *k,
  */
 void cache_settle_nlink(struct sbx_sandbox *sb, struct cnode *n,
 			unsigned long unhides_all, struct stat *st);
+/* c->unhides_all now, for cache_settle_nlink() after a call.  No lock
+ * held (takes c->lock). */
+unsigned long cache_unhides_now(struct cache *c);
 /*
  * Removals of hidden names of n's file started or ended so far (a sum
  * that moves with each), and whether one is out now.  A link count the

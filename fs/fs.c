@@ -565,8 +565,7 @@ int fs_daemon_run(const struct fs_options *o)
 		fs.control_socket = sbx_xstrdup(o->control_socket);
 	pthread_mutex_init(&fs.lock, NULL);
 	pthread_mutex_init(&fs.barrier_lock, NULL);
-	pthread_mutex_init(&fs.neg_lock, NULL);
-	sbx_hashmap_init(&fs.negatives);
+	fs_negatives_init(&fs);
 	fs_inodes_init(&fs);
 
 	fs.root.node = fs.sb->ops->root(fs.sb);

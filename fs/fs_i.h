@@ -161,13 +161,14 @@ extern const struct fuse_lowlevel_ops fs_ops;
  * and at an overflow.  Call before the reply is sent, only while
  * healthy.  fs_negative_drop(): the name's event came (its dentry was
  * invalidated).  fs_negatives_invalidate(): drop every listed dentry and
- * empty the list.  fs_negatives_fini(): free the list (no notification).
- * neg_lock is initialised by the caller (fs.c) and destroyed by fini.
+ * empty the list.  fs_negatives_init() / fs_negatives_fini(): make the
+ * empty list and its lock / free both (no notification).
  */
 double fs_negative_timeout(struct fs *fs, fuse_ino_t parent,
 			   const char *name);
 void fs_negative_drop(struct fs *fs, fuse_ino_t parent, const char *name);
 void fs_negatives_invalidate(struct fs *fs);
+void fs_negatives_init(struct fs *fs);
 void fs_negatives_fini(struct fs *fs);
 
 /* --- inode.c ------------------------------------------------------------- */

@@ -162,6 +162,13 @@ void fs_negatives_invalidate(struct fs *fs)
 	sbx_hashmap_fini(&all);
 }
 
+void fs_negatives_init(struct fs *fs)
+{
+	pthread_mutex_init(&fs->neg_lock, NULL);
+	sbx_hashmap_init(&fs->negatives);
+	fs->neg_prune_at = 0;
+}
+
 void fs_negatives_fini(struct fs *fs)
 {
 	struct sbx_hashmap all = negatives_take_locked(fs);

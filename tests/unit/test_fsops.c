@@ -277,8 +277,7 @@ static int setup_with(void **state, bool cached, bool watch)
 	e->fs.session = "t";
 	pthread_mutex_init(&e->fs.lock, NULL);
 	pthread_mutex_init(&e->fs.barrier_lock, NULL);
-	pthread_mutex_init(&e->fs.neg_lock, NULL);
-	sbx_hashmap_init(&e->fs.negatives);
+	fs_negatives_init(&e->fs);
 	fs_inodes_init(&e->fs);
 	e->fs.root.node = e->fs.sb->ops->root(e->fs.sb);
 	assert_int_equal(e->fs.sb->ops->getattr(e->fs.sb, e->fs.root.node,

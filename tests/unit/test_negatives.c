@@ -23,8 +23,7 @@ static int setup(void **state)
 
 	if (!fs)
 		return -1;
-	pthread_mutex_init(&fs->neg_lock, NULL);
-	sbx_hashmap_init(&fs->negatives);
+	fs_negatives_init(fs);
 	*state = fs;
 	return 0;
 }
