@@ -37,6 +37,7 @@ struct wevent {
 	int kind; /* enum sbx_fswatch_kind */
 	char *path;
 	uint64_t ino; /* ENTRY: what the name holds after it (0: none) */
+	char *from;   /* ENTRY: the name it was moved from (NULL: none) */
 };
 
 struct agent_watch {
@@ -72,6 +73,7 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	struct wevent *slot;
 	int kind = ev->kind;
 	const char *path = ev->path;
+	const char *from = ev->from;
 	uint64_t ino = 0;
 	struct stat st;
 
@@ -81,6 +83,8 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 		kind = SBX_FSWATCH_OVERFLOW;
 		path = NULL;
 	}
+	if (!path || (from && strlen(from) >= PATH_MAX))
+		from = NULL;
 	/*
 	 * What a name holds now, so a client can refresh the link count of
 	 * a file it knows by another name (a link made to it): inotify tells
@@ -97,10 +101,12 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	w->seq++;
 	slot = &w->ring[w->seq % RING_SIZE];
 	free(slot->path);
+	free(slot->from);
 	slot->seq = w->seq;
 	slot->kind = kind;
 	slot->path = path ? sbx_xstrdup(path) : NULL;
 	slot->ino = ino;
+	slot->from = from ? sbx_xstrdup(from) : NULL;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 }
@@ -134,8 +140,10 @@ void agent_watch_stop(struct agent *a)
 	if (!w)
 		return;
 	sbx_fswatch_free(w->fw);
-	for (size_t i = 0; i < RING_SIZE; i++)
+	for (size_t i = 0; i < RING_SIZE; i++) {
 		free(w->ring[i].path);
+		free(w->ring[i].from);
+	}
 	free(w->ring);
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
@@ -201,7 +209,7 @@ static void frame_event(struct sbx_buf *out, const struct wevent *e)
 {
 	struct sbx_watch_frame f = {
 		.kind = wire_kind(e->kind), .seq = e->seq, .path = e->path,
-		.ino = e->ino,
+		.ino = e->ino, .from = e->from,
 	};
 
 	agent_frame(out, sbx_watch_frame_encode(&f), NULL, 0);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sbx/log.h"
 #include "sbx/xmalloc.h"
 #include "cache.h"
 #include "cache_i.h"
@@ -151,6 +152,67 @@ static void forward(struct cache *c, int kind, const struct stat *dir,
 	c->cb(&ch, c->cb_payload);
 }
 
+/* Is d the node n or below it? */
+static bool is_within(const struct cnode *d, const struct cnode *n)
+{
+	for (; d; d = d->parent)
+		if (d == n)
+			return true;
+	return false;
+}
+
+/*
+ * The ENTRY event of `name` in `dir` says its object came from
+ * ch->from_path: a rename in the sandbox (a log rotated, `git mv`, a
+ * command's `mv`), or one through the mount whose answer an outage lost.
+ * The old name's node moves to the new name, as entry_rename() moves it
+ * for a rename of ours, so what the kernel holds of it -- an open
+ * descriptor, a working directory, the files below a directory -- keeps
+ * reaching the object by its new path.  Left behind (before 2026-12-07),
+ * the node kept the old path: reads and pushes of a file open here said
+ * ENOENT, and buffered bytes were lost at close.  What the name held
+ * before is replaced, as a rename over it replaces it.  The old node's
+ * own event came first and made its slot unknown; the new name stays
+ * unknown too, until a lookup confirms it.  Not followed: a name the
+ * cache never had attributes for (nothing of it is held), our hidden
+ * names, and a file whose inode number the event contradicts (the
+ * second half of a RENAME_EXCHANGE, where the old name holds the other
+ * file by now).  c->lock held.
+ */
+static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
+			       struct cnode *dir, const char *name)
+{
+	struct cnode *o = tree_resolve(c, ch->from_path, false), *k;
+	struct cnode *olddir;
+	char *oldname;
+
+	if (!o || o == &c->root || !o->parent || o->orphan || o->hidden ||
+	    o->slot == S_PRESENT || !o->st.st_ino || is_within(dir, o))
+		return;
+	if (ch->ino && !S_ISDIR(o->st.st_mode) && o->st.st_ino != ch->ino)
+		return;
+	k = tree_kid_find(dir, name);
+	if (k == o || (k && k->hidden))
+		return;
+	if (k) {
+		tree_orphan(c, k);
+		tree_mark_gone_dir(k, false);
+		tree_invalidate_file(k);
+	}
+	olddir = o->parent;
+	oldname = sbx_xstrdup(o->name);
+	tree_kid_move(o, dir, name);
+	o->slot = S_UNKNOWN;
+	/* Its ctime changed, for every name of it. */
+	tree_invalidate_file(o);
+	/* The old name: free as far as we know, to be asked about. */
+	(void)tree_kid_get(olddir, oldname);
+	olddir->st_valid = false;
+	free(oldname);
+	sbx_debug("followed a rename in the sandbox: %s -> %s",
+		  ch->from_path, ch->path);
+}
+
 static void apply_change(struct cache *c, const struct sbx_change *ch)
 {
 	struct stat objst, dirst;
@@ -208,6 +270,8 @@ static void apply_change(struct cache *c, const struct sbx_change *ch)
 		name = base ? base + 1 : ch->path;
 		dir = tree_resolve(c, dirpath, false);
 		if (dir) {
+			if (ch->from_path)
+				follow_move_locked(c, ch, dir, name);
 			/*
 			 * The name may be new to us: record it as UNKNOWN so a
 			 * complete listing neither answers "absent" for it nor

@@ -55,6 +55,11 @@ struct sbx_fswatch {
 	/* A directory moved away, waiting for its IN_MOVED_TO. */
 	uint32_t move_cookie;
 	char *move_path;
+	/* A file moved away by the event just handled: its IN_MOVED_TO, if
+	 * inside the tree, is the next event (the kernel queues the pair
+	 * together), which then says where it came from. */
+	uint32_t from_cookie;
+	char *from_path;
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -69,8 +74,9 @@ struct sbx_fswatch {
  * when `name` is NULL (`path` is then d's), or with neither for OVERFLOW
  * and BATCH.
  */
-static void emit(struct sbx_fswatch *w, int kind, const struct wdir *d,
-		 const char *path, const char *name, uint32_t mask)
+static void emit_from(struct sbx_fswatch *w, int kind, const struct wdir *d,
+		      const char *path, const char *name, uint32_t mask,
+		      const char *from)
 {
 	struct sbx_fswatch_event ev = {
 		.kind = kind,
@@ -79,9 +85,16 @@ static void emit(struct sbx_fswatch *w, int kind, const struct wdir *d,
 		.dir_dev = d ? d->dev : 0,
 		.dir_ino = d ? d->ino : 0,
 		.mask = mask,
+		.from = from,
 	};
 
 	w->cb(&ev, w->payload);
+}
+
+static void emit(struct sbx_fswatch *w, int kind, const struct wdir *d,
+		 const char *path, const char *name, uint32_t mask)
+{
+	emit_from(w, kind, d, path, name, mask, NULL);
 }
 
 static char *join(const char *dir, const char *name)
@@ -253,7 +266,38 @@ static void overflow(struct sbx_fswatch *w, const char *why)
 	}
 }
 
+/* Where the object an IN_MOVED_TO names came from: the path of its
+ * IN_MOVED_FROM, when that was paired with it; else NULL. */
+static const char *moved_from(const struct sbx_fswatch *w,
+			      const struct inotify_event *ev,
+			      const char *file_from, uint32_t file_cookie)
+{
+	if (!(ev->mask & IN_MOVED_TO))
+		return NULL;
+	if (ev->mask & IN_ISDIR)
+		return w->move_path && ev->cookie == w->move_cookie
+			       ? w->move_path
+			       : NULL;
+	return file_from && ev->cookie == file_cookie ? file_from : NULL;
+}
+
+static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
+		       const char *file_from, uint32_t file_cookie);
+
 static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
+{
+	/* A file's IN_MOVED_FROM pairs only with the event right after it. */
+	char *file_from = w->from_path;
+	uint32_t file_cookie = w->from_cookie;
+
+	w->from_path = NULL;
+	w->from_cookie = 0;
+	handle_one(w, ev, file_from, file_cookie);
+	free(file_from);
+}
+
+static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
+		       const char *file_from, uint32_t file_cookie)
 {
 	const struct wdir *dir;
 	char *path;
@@ -288,8 +332,13 @@ static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 
 	path = join(dir->path, ev->name);
 	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
-		emit(w, SBX_FSWATCH_ENTRY, dir, path, ev->name, ev->mask);
-		if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
+		emit_from(w, SBX_FSWATCH_ENTRY, dir, path, ev->name, ev->mask,
+			  moved_from(w, ev, file_from, file_cookie));
+		if (!(ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
+			w->from_cookie = ev->cookie;
+			w->from_path = sbx_xstrdup(path);
+		} else if ((ev->mask & IN_ISDIR) &&
+			   (ev->mask & IN_MOVED_FROM)) {
 			w->move_cookie = ev->cookie;
 			w->move_path = path;
 			path = NULL;
@@ -418,6 +467,7 @@ void sbx_fswatch_free(struct sbx_fswatch *w)
 		drop_wd(w, (int)i);
 	free(w->wds);
 	free(w->move_path);
+	free(w->from_path);
 	if (w->ifd >= 0)
 		close(w->ifd);
 	if (w->efd >= 0)

@@ -50,6 +50,8 @@ cJSON *sbx_watch_frame_encode(const struct sbx_watch_frame *f)
 	case SBX_WATCH_ENTRY:
 		if (f->ino && f->ino <= (1ULL << 53))
 			put_u64(h, "ino", f->ino);
+		if (f->from && *f->from)
+			sbx_json_set_str(h, "from", f->from);
 		/* fall through */
 	case SBX_WATCH_DATA:
 	case SBX_WATCH_ATTR:
@@ -131,6 +133,9 @@ int sbx_watch_frame_decode(const cJSON *hdr, struct sbx_watch_frame *out)
 					     path);
 		if (!get_u64(hdr, "ino", &out->ino))
 			out->ino = 0;
+		out->from = sbx_json_str(hdr, "from");
+		if (out->from && (!*out->from || out->from[0] == '/'))
+			out->from = NULL;
 	}
 	return 0;
 }

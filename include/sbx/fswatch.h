@@ -90,6 +90,14 @@ struct sbx_fswatch_event {
 	 * OVERFLOW and BATCH.
 	 */
 	uint32_t mask;
+	/*
+	 * ENTRY with IN_MOVED_TO: the path (as `path`) of the name the
+	 * object was moved from, when that name was inside the tree and its
+	 * IN_MOVED_FROM came right before (the kernel queues a rename's two
+	 * events together); NULL otherwise.  The ENTRY of the old name has
+	 * been reported already.  Borrowed.
+	 */
+	const char *from;
 };
 
 typedef void (*sbx_fswatch_cb)(const struct sbx_fswatch_event *ev,

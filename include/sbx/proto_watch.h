@@ -40,6 +40,13 @@ struct sbx_watch_frame {
 	 * the link count of its other names, and no event names them.
 	 */
 	uint64_t ino;
+	/*
+	 * entry, optional: the path the object was moved from, when the
+	 * change is a rename inside the root (NULL: not a rename, or the
+	 * agent could not pair it).  The old name's own entry event came
+	 * before.  Decoding drops a malformed one rather than the frame.
+	 */
+	const char *from;
 };
 
 /* "entry" for SBX_WATCH_ENTRY, NULL for SBX_WATCH_OTHER. */

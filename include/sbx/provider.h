@@ -246,6 +246,12 @@ struct sbx_change {
 	 * resolves it and fills in the identities above for the daemon.
 	 */
 	const char *path;
+	/*
+	 * ENTRY of a path-based provider, optional: the path the object
+	 * `path` names was renamed from inside the sandbox (its own ENTRY
+	 * came before); NULL when the change is not known to be a rename.
+	 */
+	const char *from_path;
 };
 
 #define SBX_CHANGE_ENTRY 1    /* name appeared/disappeared in dir */

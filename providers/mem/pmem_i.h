@@ -94,6 +94,7 @@ struct pevent {
 	uint64_t seq;
 	int kind;
 	char *path; /* NULL for OVERFLOW */
+	char *from; /* ENTRY of a rename's new name: the old one; or NULL */
 };
 
 struct fault {
@@ -197,6 +198,9 @@ void pmem_side_locked(struct pmem *s, enum op op, const char *path,
 
 /* Queue a change.  Caller holds s->lock.  `path` NULL for OVERFLOW. */
 void pmem_emit_locked(struct pmem *s, int kind, const char *path);
+/* The two ENTRY events of a rename (from, then to, which names from),
+ * as the agent reports one made in its tree. */
+void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to);
 
 int pmem_op_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
 			void *payload);

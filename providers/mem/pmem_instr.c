@@ -330,12 +330,12 @@ void pmem_gate_fini(struct pmem *s)
 /* ---- events -------------------------------------------------------------- */
 
 /* Queue a change.  Caller holds s->lock.  `path` NULL for OVERFLOW. */
-void pmem_emit_locked(struct pmem *s, int kind, const char *path)
+static struct pevent *emit_locked(struct pmem *s, int kind, const char *path)
 {
 	struct pevent *e;
 
 	if (!s->watching)
-		return;
+		return NULL;
 	e = sbx_xcalloc(1, sizeof(*e));
 	e->seq = ++s->seq;
 	e->kind = kind;
@@ -347,12 +347,29 @@ void pmem_emit_locked(struct pmem *s, int kind, const char *path)
 	s->ev_tail = e;
 	s->ev_count++;
 	pthread_cond_broadcast(&s->ev_cond);
+	return e;
+}
+
+void pmem_emit_locked(struct pmem *s, int kind, const char *path)
+{
+	(void)emit_locked(s, kind, path);
+}
+
+void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to)
+{
+	struct pevent *e;
+
+	(void)emit_locked(s, SBX_CHANGE_ENTRY, from);
+	e = emit_locked(s, SBX_CHANGE_ENTRY, to);
+	if (e)
+		e->from = sbx_xstrdup(from);
 }
 
 static void event_free(struct pevent *e)
 {
 	if (e) {
 		free(e->path);
+		free(e->from);
 		free(e);
 	}
 }
@@ -366,6 +383,7 @@ static void deliver_one(struct pmem *s, sbx_change_cb cb, void *payload,
 	c.seq = e->seq;
 	c.kind = e->kind;
 	c.path = e->path;
+	c.from_path = e->from;
 	if (e->kind == SBX_CHANGE_ENTRY && e->path) {
 		const char *slash = strrchr(e->path, '/');
 

@@ -481,8 +481,7 @@ int pmem_rename_locked(struct pmem *s, const char *from, const char *to,
 	dir_del_locked(s, fdir, fe);
 	dir_add_locked(s, tdir, tname, src);
 	src->ctim = pmem_stamp_locked(s);
-	pmem_emit_locked(s, SBX_CHANGE_ENTRY, from);
-	pmem_emit_locked(s, SBX_CHANGE_ENTRY, to);
+	pmem_emit_move_locked(s, from, to);
 	return 0;
 }
 

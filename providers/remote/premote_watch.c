@@ -94,6 +94,7 @@ int premote_change_from_frame(const cJSON *hdr, struct sbx_change *c)
 	c->path = f.path;
 	c->name = f.name;
 	c->ino = (ino_t)f.ino; /* entry: what the name holds now */
+	c->from_path = f.from;  /* entry: a rename's old name */
 	return 1;
 }
 

@@ -505,6 +505,52 @@ def test_sandbox_changes_visible_through_latency(proxied):
     print("seconds until visible (20 ms RTT):", [round(t, 3) for t in took])
 
 
+def _pread(f, off, n):
+    return os.pread(f.fileno(), n, off)
+
+
+def test_open_files_follow_renames_in_the_sandbox(sandbox):
+    """Files open through the mount and renamed in the sandbox -- a log
+    rotated by a command there, a file moved with its directory -- are read
+    and written by their descriptors under the new names, as on a local
+    disk.  A remote mount kept the old paths: reads said ENOENT, and bytes
+    written before the rename were lost at close (the push said ENOENT).
+    The big file is past what the mount caches whole, so its reads go to
+    the sandbox."""
+    sb = sandbox
+    m, root = sb.mnt, sb.worktree
+    big = os.urandom(3 << 20)
+    (root / "logs").mkdir()
+    (root / "logs" / "app.log").write_bytes(b"one\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(big)
+    (root / "notes.txt").write_bytes(b"notes\n")
+    poll(lambda: (m / "data" / "big.bin").exists(), True, VISIBLE_WITHIN)
+    poll(lambda: read(m / "logs" / "app.log"), b"one\n", VISIBLE_WITHIN)
+    with open(m / "logs" / "app.log", "rb") as log, \
+            open(m / "data" / "big.bin", "rb") as bigf, \
+            open(m / "notes.txt", "r+b") as notes:
+        assert log.read() == b"one\n"
+        assert _pread(bigf, 0, 4096) == big[:4096]
+        notes.write(b"NOTES")       # buffered until the close
+        os.rename(root / "logs" / "app.log", root / "logs" / "app.log.1")
+        with open(root / "logs" / "app.log.1", "ab") as f:
+            f.write(b"two\n")
+        (root / "logs" / "app.log").write_bytes(b"new log\n")
+        os.rename(root / "data", root / "data.old")
+        os.rename(root / "notes.txt", root / "notes.old")
+        poll(lambda: _pread(log, 0, 100), b"one\ntwo\n", VISIBLE_WITHIN)
+        off = (2 << 20) + 12345
+        assert _pread(bigf, off, 65536) == big[off:off + 65536], \
+            diagnostics(sb)
+        assert read(m / "logs" / "app.log") == b"new log\n"
+    assert (root / "notes.old").read_bytes() == b"NOTES\n", diagnostics(sb)
+    assert read(m / "notes.old") == b"NOTES\n"
+    assert not (m / "notes.txt").exists()
+    assert sorted(os.listdir(m / "data.old")) == ["big.bin"]
+    assert not (m / "data").exists()
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 

@@ -2060,6 +2060,134 @@ static void test_rename_onto_a_name_removed_behind_the_mount(void **state)
 	e->ops->forget(e->cache, a);
 }
 
+/*
+ * A file open here, renamed in the sandbox (a log rotated by a command
+ * there, or a rename through the mount whose answer an outage lost):
+ * its descriptor reads and writes the file under its new name, as on a
+ * local disk.
+ */
+static void test_open_file_follows_a_rename_behind_the_mount(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "s", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/log", "one\n", 4), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "s/log", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "s/log", "s/log.1", 0), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "s/log.1", "one\ntwo\n", 8),
+			 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 8);
+	assert_memory_equal(buf, "one\ntwo\n", 8);
+	assert_int_equal(e->ops->write(e->cache, fh, "3\n", 2, 8), 2);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(tc_holds(e, "s/log.1", "one\ntwo\n3\n", 10));
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * The same for bytes buffered before the rename (they were lost at close:
+ * the push said ENOENT), for a file whose directory is renamed, and for
+ * a rename through the mount whose answer an outage lost (the sandbox
+ * did it; the call said EIO).
+ */
+static void test_open_files_follow_renames_behind_the_mount(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *d, *n, *m, *x;
+	struct sbx_file *fh, *fm;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/a", "aaaa", 4), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "b", "bbbb", 4), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "c", "cc", 2), 0);
+	tc_settle(e);
+	d = tc_walk_path(e->cache, "d", false, &st);
+	n = tc_walk_path(e->cache, "d/a", false, &st);
+	m = tc_walk_path(e->cache, "b", false, &st);
+	x = tc_walk_path(e->cache, "c", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	assert_int_equal(tc_open(e, m, O_RDWR, &fm), 0);
+	/* Buffered, then the directory moves in the sandbox. */
+	assert_int_equal(e->ops->write(e->cache, fh, "AA", 2, 0), 2);
+	assert_int_equal(pmem_ext_rename(e->mem, "d", "e", 0), 0);
+	/* b is renamed through the mount onto c; the answer is lost. */
+	assert_int_equal(pmem_fail(e->mem, "rename", -EIO, 1), 0);
+	assert_int_equal(e->ops->rename(e->cache, e->root, "b", e->root, "c",
+					0),
+			 -EIO);
+	sbx_error_clear();
+	assert_int_equal(pmem_ext_rename(e->mem, "b", "c", 0), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 4);
+	assert_memory_equal(buf, "AAaa", 4);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(tc_holds(e, "e/a", "AAaa", 4));
+	assert_int_equal(e->ops->write(e->cache, fm, "B", 1, 4), 1);
+	assert_int_equal(tc_close(e, fm), 0);
+	assert_true(tc_holds(e, "c", "bbbbB", 5));
+	/* The names as a walk sees them now. */
+	e->ops->forget(e->cache, x);
+	x = tc_walk_path(e->cache, "c", false, &st);
+	assert_int_equal(st.st_size, 5);
+	e->ops->forget(e->cache, x);
+	x = tc_walk_path(e->cache, "e/a", false, &st);
+	assert_int_equal(st.st_size, 4);
+	e->ops->forget(e->cache, x);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "b", &x, &st),
+			 -ENOENT);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "d", &x, &st),
+			 -ENOENT);
+	sbx_error_clear();
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, m);
+	e->ops->forget(e->cache, d);
+}
+
+/*
+ * f and g, two names of one file; f removed through the mount; a
+ * descriptor opened through g; then, in the sandbox, `mv g f`.  The
+ * descriptor follows its file to f (it said ESTALE: the event for f
+ * detached the node the kernel held, whose I/O then took g, gone).
+ */
+static void test_open_link_follows_a_rename_onto_its_removed_name(
+	void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *f, *g, *made;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[8];
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "ffff", 4), 0);
+	tc_settle(e);
+	f = tc_walk_path(e->cache, "f", false, &st);
+	assert_int_equal(e->ops->link(e->cache, f, e->root, "g", &made, &st),
+			 0);
+	e->ops->forget(e->cache, made);
+	assert_int_equal(tc_unlink(e, "f"), 0);
+	g = tc_walk_path(e->cache, "g", false, &st);
+	assert_int_equal(tc_open(e, g, O_RDWR, &fh), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "g", "f", 0), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 4);
+	assert_memory_equal(buf, "ffff", 4);
+	assert_int_equal(e->ops->write(e->cache, fh, "G", 1, 4), 1);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_true(tc_holds(e, "f", "ffffG", 5));
+	assert_int_equal(pmem_ext_stat(e->mem, "g", &st), -ENOENT);
+	e->ops->forget(e->cache, g);
+	e->ops->forget(e->cache, f);
+}
+
 struct rmdir_call {
 	struct tc_env *e;
 	struct sbx_node *parent;
@@ -3061,6 +3189,15 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_counts_for_every_name,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_file_follows_a_rename_behind_the_mount, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_files_follow_renames_behind_the_mount, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_link_follows_a_rename_onto_its_removed_name,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rename_onto_a_name_removed_behind_the_mount, setup,
 			teardown),

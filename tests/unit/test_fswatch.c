@@ -211,6 +211,83 @@ static void test_identity_batch(void **state)
 	free(dir);
 }
 
+/* ENTRY events of IN_MOVED_TO say where the object came from. */
+static void on_move(const struct sbx_fswatch_event *ev, void *payload)
+{
+	struct seen *s = payload;
+	size_t n;
+
+	if (ev->kind != SBX_FSWATCH_ENTRY)
+		return;
+	pthread_mutex_lock(&s->lock);
+	n = strlen(s->log);
+	snprintf(s->log + n, sizeof(s->log) - n, "%s<-%s\n", ev->path,
+		 ev->from ? ev->from : "(null)");
+	pthread_mutex_unlock(&s->lock);
+}
+
+static bool saw_move(struct seen *s, const char *path, const char *from)
+{
+	char line[512];
+	bool found;
+
+	snprintf(line, sizeof(line), "%s<-%s\n", path, from);
+	pthread_mutex_lock(&s->lock);
+	found = strstr(s->log, line) != NULL;
+	pthread_mutex_unlock(&s->lock);
+	return found;
+}
+
+static void test_moved_from(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096], q[4096], out[4096];
+	struct sbx_fswatch *w = NULL;
+	struct seen s = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+	(void)state;
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/d", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/log", dir);
+	th_write(p, "x");
+	snprintf(out, sizeof(out), "%s/../sbx-fswatch-out-%d", dir,
+		 (int)getpid());
+	th_write(out, "o");
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_move, &s), 0);
+
+	/* A file renamed in its directory, then into another one. */
+	snprintf(q, sizeof(q), "%s/log.1", dir);
+	assert_int_equal(rename(p, q), 0);
+	snprintf(p, sizeof(p), "%s/d/log.2", dir);
+	assert_int_equal(rename(q, p), 0);
+	/* A directory renamed. */
+	snprintf(p, sizeof(p), "%s/d", dir);
+	snprintf(q, sizeof(q), "%s/e", dir);
+	assert_int_equal(rename(p, q), 0);
+	/* A file moved in from outside the tree: no old name. */
+	snprintf(p, sizeof(p), "%s/in", dir);
+	assert_int_equal(rename(out, p), 0);
+	/* A file moved out, then one created: not paired. */
+	assert_int_equal(rename(p, out), 0);
+	snprintf(q, sizeof(q), "%s/new", dir);
+	th_write(q, "n");
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+
+	/* (The old names' own events carry none.) */
+	assert_true(saw_move(&s, "log", "(null)"));
+	assert_true(saw_move(&s, "log.1", "log"));
+	assert_true(saw_move(&s, "d/log.2", "log.1"));
+	assert_true(saw_move(&s, "e", "d"));
+	assert_true(saw_move(&s, "in", "(null)"));
+	assert_true(saw_move(&s, "new", "(null)"));
+
+	sbx_fswatch_free(w);
+	unlink(out);
+	th_rmrf(dir);
+	free(dir);
+}
+
 static void test_bad_root(void **state)
 {
 	struct sbx_fswatch *w = (void *)1;
@@ -229,6 +306,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tree),
 		cmocka_unit_test(test_identity_batch),
+		cmocka_unit_test(test_moved_from),
 		cmocka_unit_test(test_bad_root),
 	};
 

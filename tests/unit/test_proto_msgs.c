@@ -539,6 +539,29 @@ static void test_watch_frames(void **state)
 	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
 	assert_int_equal(g.ino, 0);
 	cJSON_Delete(j);
+	/* A rename's new name, with the old one. */
+	f = (struct sbx_watch_frame){ .kind = SBX_WATCH_ENTRY, .seq = 12,
+				      .path = "logs/a.1", .from = "logs/a" };
+	text = print_take(sbx_watch_frame_encode(&f));
+	assert_string_equal(text, "{\"seq\":12,\"kind\":\"entry\","
+				  "\"from\":\"logs/a\",\"path\":\"logs/a.1\"}");
+	j = parse(text);
+	free(text);
+	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
+	assert_string_equal(g.path, "logs/a.1");
+	assert_string_equal(g.from, "logs/a");
+	cJSON_Delete(j);
+	/* A malformed old name is dropped, the event stands. */
+	j = parse("{\"seq\":1,\"kind\":\"entry\",\"path\":\"a\","
+		  "\"from\":\"/etc/x\"}");
+	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
+	assert_string_equal(g.path, "a");
+	assert_null(g.from);
+	cJSON_Delete(j);
+	j = parse("{\"seq\":1,\"kind\":\"entry\",\"path\":\"a\",\"from\":7}");
+	assert_int_equal(sbx_watch_frame_decode(j, &g), 0);
+	assert_null(g.from);
+	cJSON_Delete(j);
 	f = (struct sbx_watch_frame){ .kind = SBX_WATCH_OVERFLOW, .seq = 10 };
 	text = print_take(sbx_watch_frame_encode(&f));
 	assert_string_equal(text, "{\"seq\":10,\"kind\":\"overflow\"}");
