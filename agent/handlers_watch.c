@@ -97,6 +97,20 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	if (path && sbx_fswatch_entry_stat(ev, w->root, &st) &&
 	    st.st_dev == w->root_dev)
 		ino = (uint64_t)st.st_ino;
+	/*
+	 * A renamed directory's too: a client keeps what it holds of the
+	 * directory under its new name only when this says the name holds
+	 * the very one (the two halves of a RENAME_EXCHANGE look like two
+	 * renames, and after the first the other's old name holds the other).
+	 */
+	if (path && from && !ino) {
+		char *full = sbx_xasprintf("%s/%s", w->root, path);
+
+		if (lstat(full, &st) == 0 && S_ISDIR(st.st_mode) &&
+		    st.st_dev == w->root_dev)
+			ino = (uint64_t)st.st_ino;
+		free(full);
+	}
 	pthread_mutex_lock(&w->lock);
 	w->seq++;
 	slot = &w->ring[w->seq % RING_SIZE];

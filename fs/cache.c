@@ -279,7 +279,7 @@ static int c_lookup(struct sbx_sandbox *sb, struct sbx_node *parent,
 	unsigned unhides;
 	struct stat fst;
 	char *path;
-	int rc, tries = 0;
+	int rc, tries = 0, renamed_tries = 0;
 
 	*out = NULL;
 	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
@@ -341,6 +341,17 @@ again:
 	cache_lock(c);
 	if (rc == 0 && known &&
 	    count_unsettled(c, known, unhides, &fst, &tries)) {
+		cache_unlock(c);
+		goto again;
+	}
+	/*
+	 * The name changed through the mount, or its object moved away in
+	 * the sandbox (follow_move_locked), after this answer was sent: it
+	 * may show the object that left, which would get a second node (and
+	 * the kernel a second inode) beside the one that followed it.
+	 */
+	k = rc == 0 ? tree_kid_find(dir, name) : NULL;
+	if (k && k->own_gen > gen && renamed_tries++ < 2) {
 		cache_unlock(c);
 		goto again;
 	}

@@ -171,13 +171,19 @@ static bool is_within(const struct cnode *d, const struct cnode *n)
  * reaching the object by its new path.  Left behind (before 2026-12-07),
  * the node kept the old path: reads and pushes of a file open here said
  * ENOENT, and buffered bytes were lost at close.  What the name held
- * before is replaced, as a rename over it replaces it.  The old node's
- * own event came first and made its slot unknown; the new name stays
- * unknown too, until a lookup confirms it.  Not followed: a name the
- * cache never had attributes for (nothing of it is held), our hidden
- * names, and a file whose inode number the event contradicts (the
- * second half of a RENAME_EXCHANGE, where the old name holds the other
- * file by now).  c->lock held.
+ * before is replaced, as a rename over it replaces it.  The event must
+ * say the new name holds the node's very object (its inode number, which
+ * the agent sends with `from`): a RENAME_EXCHANGE comes as two renames,
+ * and after the first the second one's old name holds the other object
+ * (which stays orphaned: its holders get ESTALE, not the other's data).
+ * The old node's own event came first and made its slot unknown, unless
+ * it holds buffered writes; the new name stays unknown until a lookup
+ * confirms it.  The old name is known free, and an answer about it sent
+ * before the event is older than that (own_gen, as after our renames).
+ * Not followed: a name the cache never had attributes for (nothing of it
+ * is held), our hidden names, and anything while an exchange of ours is
+ * out (entry_rename() swaps the two nodes by name when it ends).
+ * c->lock held.
  */
 static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 			       struct cnode *dir, const char *name)
@@ -187,9 +193,10 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	char *oldname;
 
 	if (!o || o == &c->root || !o->parent || o->orphan || o->hidden ||
-	    o->slot == S_PRESENT || !o->st.st_ino || is_within(dir, o))
+	    !o->st.st_ino || o->st.st_ino != ch->ino || is_within(dir, o) ||
+	    c->exchanges_out)
 		return;
-	if (ch->ino && !S_ISDIR(o->st.st_mode) && o->st.st_ino != ch->ino)
+	if (o->slot == S_PRESENT && !o->dirty)
 		return;
 	k = tree_kid_find(dir, name);
 	if (k == o || (k && k->hidden))
@@ -202,11 +209,13 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	olddir = o->parent;
 	oldname = sbx_xstrdup(o->name);
 	tree_kid_move(o, dir, name);
-	o->slot = S_UNKNOWN;
+	if (!o->dirty)
+		o->slot = S_UNKNOWN;
 	/* Its ctime changed, for every name of it. */
 	tree_invalidate_file(o);
-	/* The old name: free as far as we know, to be asked about. */
-	(void)tree_kid_get(olddir, oldname);
+	k = tree_kid_get(olddir, oldname);
+	k->slot = S_ABSENT;
+	k->own_gen = c->events;
 	olddir->st_valid = false;
 	free(oldname);
 	sbx_debug("followed a rename in the sandbox: %s -> %s",

@@ -313,10 +313,12 @@ int entry_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 }
 
 /* A rename counted in c->renames_out is over, the tree as it left it. */
-static void renames_out_done(struct cache *c)
+static void renames_out_done(struct cache *c, unsigned flags)
 {
 	cache_lock(c);
 	c->renames_out--;
+	if (flags & RENAME_EXCHANGE)
+		c->exchanges_out--;
 	pthread_cond_broadcast(&c->cond);
 	cache_unlock(c);
 }
@@ -384,6 +386,8 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		side_begin(c, &sc, from, to != from ? to : NULL);
 		cache_lock(c);
 		c->renames_out++;
+		if (flags & RENAME_EXCHANGE)
+			c->exchanges_out++;
 		cache_unlock(c);
 		counted = true;
 		rc = c->inner->ops->rename(c->inner, fi, name, ti, newname,
@@ -400,7 +404,7 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		c->inner->ops->forget(c->inner, ti);
 	if (rc < 0) {
 		if (counted)
-			renames_out_done(c);
+			renames_out_done(c, flags);
 		return rc;
 	}
 
@@ -456,6 +460,6 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 		a->own_gen = c->events;
 	}
 	cache_unlock(c);
-	renames_out_done(c);
+	renames_out_done(c, flags);
 	return 0;
 }

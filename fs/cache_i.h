@@ -386,6 +386,10 @@ struct cache {
 	 * before one ends may be old (unlink_where_it_is).  c->cond is
 	 * broadcast when one ends. */
 	unsigned renames_out;
+	/* Of those, RENAME_EXCHANGEs: their events are not expected, and
+	 * following them (follow_move_locked) would fight the swap the
+	 * call makes in the tree when it ends. */
+	unsigned exchanges_out;
 	/*
 	 * Hidden names that silly renames whose answer was lost may have
 	 * made (the sandbox out of reach: it may or may not have done

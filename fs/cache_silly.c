@@ -123,9 +123,10 @@ static int unlink_in_sandbox(struct cache *c, const char *dir,
  * d, or of a directory above it, through the mount was under way: the
  * hidden file is then where d is now (random tester, seed 391619360: it
  * stayed under the directory's new name for good, and an rmdir there
- * said ENOTEMPTY).  So on ENOENT wait for the renames under way (at most
- * RENAME_WAIT_MS) and try d's path again if it changed; *dir is the last
- * path tried.  No lock held.
+ * said ENOTEMPTY).  ENOTDIR says the same when a file was made under
+ * d's old name meanwhile (random tester, seed 607803788).  So on either
+ * wait for the renames under way (at most RENAME_WAIT_MS) and try d's
+ * path again if it changed; *dir is the last path tried.  No lock held.
  */
 static int unlink_where_it_is(struct cache *c, const struct cnode *d,
 			      char **dir, const char *name)
@@ -135,7 +136,7 @@ static int unlink_where_it_is(struct cache *c, const struct cnode *d,
 		struct timespec until;
 		char *now;
 
-		if (rc != -ENOENT || !*dir || tries == 3)
+		if ((rc != -ENOENT && rc != -ENOTDIR) || !*dir || tries == 3)
 			return rc;
 		cache_lock(c);
 		cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);

@@ -60,6 +60,9 @@ struct sbx_fswatch {
 	 * together), which then says where it came from. */
 	uint32_t from_cookie;
 	char *from_path;
+	/* Two directories' paths swapped by an exchange's first half: its
+	 * second half (`swap_to` moved back to `swap_from`) is done. */
+	char *swap_from, *swap_to;
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -228,6 +231,71 @@ static void rename_prefix(struct sbx_fswatch *w, const char *from,
 	}
 }
 
+/* The watched directory at exactly `path`, or NULL. */
+static const struct wdir *wdir_at(const struct sbx_fswatch *w,
+				  const char *path)
+{
+	for (size_t i = 0; i < w->nwds; i++)
+		if (w->wds[i] && !strcmp(w->wds[i]->path, path))
+			return w->wds[i];
+	return NULL;
+}
+
+/*
+ * A directory moved from `from` to `to`.  A RENAME_EXCHANGE is reported as
+ * two such moves (from -> to, then to -> from); renaming prefixes twice
+ * would put both subtrees under `from`.  At the first half the directory
+ * watched at `to` is found at `from` (same identity): swap the two
+ * prefixes at once, and take the second half as done.
+ */
+static void dir_moved(struct sbx_fswatch *w, const char *from, const char *to)
+{
+	const struct wdir *t;
+	struct stat st;
+	char *abs;
+	bool exchanged = false;
+	size_t flen = strlen(from), tlen = strlen(to);
+
+	if (w->swap_from && !strcmp(from, w->swap_to) &&
+	    !strcmp(to, w->swap_from)) {
+		free(w->swap_from);
+		free(w->swap_to);
+		w->swap_from = w->swap_to = NULL;
+		return;
+	}
+	free(w->swap_from);
+	free(w->swap_to);
+	w->swap_from = w->swap_to = NULL;
+	t = wdir_at(w, to);
+	if (t) {
+		abs = absolute(w, from);
+		exchanged = lstat(abs, &st) == 0 && S_ISDIR(st.st_mode) &&
+			    st.st_dev == t->dev && st.st_ino == t->ino;
+		free(abs);
+	}
+	if (!exchanged) {
+		rename_prefix(w, from, to);
+		return;
+	}
+	for (size_t i = 0; i < w->nwds; i++) {
+		struct wdir *d = w->wds[i];
+		char *p;
+
+		if (!d)
+			continue;
+		if (has_prefix(d->path, from, flen))
+			p = sbx_xasprintf("%s%s", to, d->path + flen);
+		else if (has_prefix(d->path, to, tlen))
+			p = sbx_xasprintf("%s%s", from, d->path + tlen);
+		else
+			continue;
+		free(d->path);
+		d->path = p;
+	}
+	w->swap_from = sbx_xstrdup(from);
+	w->swap_to = sbx_xstrdup(to);
+}
+
 /* A directory left the tree: stop watching it and everything below. */
 static void remove_prefix(struct sbx_fswatch *w, const char *from)
 {
@@ -344,7 +412,7 @@ static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
 			path = NULL;
 		} else if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_TO) &&
 			   w->move_path && ev->cookie == w->move_cookie) {
-			rename_prefix(w, w->move_path, path);
+			dir_moved(w, w->move_path, path);
 			free(w->move_path);
 			w->move_path = NULL;
 			w->move_cookie = 0;
@@ -468,6 +536,8 @@ void sbx_fswatch_free(struct sbx_fswatch *w)
 	free(w->wds);
 	free(w->move_path);
 	free(w->from_path);
+	free(w->swap_from);
+	free(w->swap_to);
 	if (w->ifd >= 0)
 		close(w->ifd);
 	if (w->efd >= 0)

@@ -244,6 +244,14 @@ SBX_WUR int pmem_ext_rename(struct sbx_sandbox *sb, const char *from,
 			    const char *to, unsigned flags);
 /* Queue an OVERFLOW event (events were lost: invalidate everything). */
 void pmem_ext_overflow(struct sbx_sandbox *sb);
+/*
+ * Renames' events: paired (default: the new name's ENTRY says where the
+ * object came from and its inode number, as the agent reports a rename
+ * inside its tree) or, with false, two plain ENTRY events (a rename the
+ * agent could not pair, or an older agent).  Also for the sandbox's own
+ * rename op.
+ */
+void pmem_pair_renames(struct sbx_sandbox *sb, bool paired);
 
 /* ---- what the sandbox really holds --------------------------------------- */
 

@@ -95,6 +95,7 @@ struct pevent {
 	int kind;
 	char *path; /* NULL for OVERFLOW */
 	char *from; /* ENTRY of a rename's new name: the old one; or NULL */
+	uint64_t ino; /* with `from`: what the new name holds (the agent's) */
 };
 
 struct fault {
@@ -133,6 +134,7 @@ struct pmem {
 	sbx_change_cb cb;
 	void *cb_payload;
 	bool watching, stopping, held;
+	bool unpaired;        /* s->lock: renames as two plain events */
 	bool healthy;         /* atomic: read without the lock, as is
 			       * `watching` (written under it) */
 	pthread_t thread;
@@ -198,9 +200,11 @@ void pmem_side_locked(struct pmem *s, enum op op, const char *path,
 
 /* Queue a change.  Caller holds s->lock.  `path` NULL for OVERFLOW. */
 void pmem_emit_locked(struct pmem *s, int kind, const char *path);
-/* The two ENTRY events of a rename (from, then to, which names from),
- * as the agent reports one made in its tree. */
-void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to);
+/* The two ENTRY events of a rename (from, then to, which names from and
+ * the inode number `ino` it holds now), as the agent reports one made in
+ * its tree; two plain ENTRY events after pmem_pair_renames(false). */
+void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to,
+			   uint64_t ino);
 
 int pmem_op_watch_start(struct sbx_sandbox *sb, sbx_change_cb cb,
 			void *payload);

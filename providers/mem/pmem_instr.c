@@ -355,14 +355,26 @@ void pmem_emit_locked(struct pmem *s, int kind, const char *path)
 	(void)emit_locked(s, kind, path);
 }
 
-void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to)
+void pmem_emit_move_locked(struct pmem *s, const char *from, const char *to,
+			   uint64_t ino)
 {
 	struct pevent *e;
 
 	(void)emit_locked(s, SBX_CHANGE_ENTRY, from);
 	e = emit_locked(s, SBX_CHANGE_ENTRY, to);
-	if (e)
+	if (e && !s->unpaired) {
 		e->from = sbx_xstrdup(from);
+		e->ino = ino;
+	}
+}
+
+void pmem_pair_renames(struct sbx_sandbox *sb, bool paired)
+{
+	struct pmem *s = PMEM(sb);
+
+	pthread_mutex_lock(&s->lock);
+	s->unpaired = !paired;
+	pthread_mutex_unlock(&s->lock);
 }
 
 static void event_free(struct pevent *e)
@@ -384,6 +396,10 @@ static void deliver_one(struct pmem *s, sbx_change_cb cb, void *payload,
 	c.kind = e->kind;
 	c.path = e->path;
 	c.from_path = e->from;
+	if (e->from) {
+		c.dev = s->dev;
+		c.ino = (ino_t)e->ino;
+	}
 	if (e->kind == SBX_CHANGE_ENTRY && e->path) {
 		const char *slash = strrchr(e->path, '/');
 

@@ -448,8 +448,9 @@ int pmem_rename_locked(struct pmem *s, const char *from, const char *to,
 		src->ctim = dst->ctim = pmem_stamp_locked(s);
 		fdir->mtim = fdir->ctim = tdir->mtim = tdir->ctim =
 			pmem_stamp_locked(s);
-		pmem_emit_locked(s, SBX_CHANGE_ENTRY, from);
-		pmem_emit_locked(s, SBX_CHANGE_ENTRY, to);
+		/* As inotify tells it: two renames, each the other way. */
+		pmem_emit_move_locked(s, from, to, src->ino);
+		pmem_emit_move_locked(s, to, from, dst->ino);
 		return 0;
 	}
 	if (dst && (flags & RENAME_NOREPLACE))
@@ -481,7 +482,7 @@ int pmem_rename_locked(struct pmem *s, const char *from, const char *to,
 	dir_del_locked(s, fdir, fe);
 	dir_add_locked(s, tdir, tname, src);
 	src->ctim = pmem_stamp_locked(s);
-	pmem_emit_move_locked(s, from, to);
+	pmem_emit_move_locked(s, from, to, src->ino);
 	return 0;
 }
 

@@ -1340,7 +1340,18 @@ def worker_fault(spec):
     rng = random.Random(f"randomops-fault/{seed}/{proc}/{phase}")
     base = spec["mount"]
     journal = Journal(spec["journal"])
-    os.makedirs(os.path.join(base, "fault"), exist_ok=True)
+    # A worker started late on a loaded machine may meet the first fault
+    # here (seed 590975898: EIO, then no result the controller could
+    # count): keep trying, as its operations do.
+    while True:
+        try:
+            os.makedirs(os.path.join(base, "fault"), exist_ok=True)
+            break
+        except OSError:
+            if time.monotonic() >= spec["deadline"] or \
+                    os.path.exists(spec["stop_file"]):
+                raise
+            time.sleep(0.1)
     gen = FaultGen(rng, base)
     errs = collections.Counter()
     findings, ryw = [], []
@@ -1746,7 +1757,7 @@ class Controller:
                            plain=os.path.join(cfg.plain, f"p{i}"))
                  for i in self.procs()]
         res = self.run_workers(specs, cfg.time_limit)
-        n = sum(r["ops"] for r in res if r)
+        n = sum(r.get("ops", 0) for r in res if r)
         secs = time.monotonic() - t
         stops = collections.Counter(r["stopped"] if r else "hang/crash"
                                     for r in res)
@@ -1772,12 +1783,13 @@ class Controller:
         sched.append((last + 0.2, "heal: wait until the mount answers",
                       lambda: self.wait_healthy(heal)))
         res = self.run_workers(specs, limit, sched, stop_file, settle)
-        n = sum(r["ops"] for r in res if r)
+        # (A worker that failed reports its error, and no count.)
+        n = sum(r.get("ops", 0) for r in res if r)
         errs = collections.Counter()
         for r in res:
             if r:
                 errs.update(r.get("errors", {}))
-        acked = sum(len(r["expect"]) for r in res if r)
+        acked = sum(len(r.get("expect", {})) for r in res if r)
         line = (f"fault phase {phase}: {n} ops in {time.monotonic() - t:.1f}s,"
                 f" {acked} acknowledged files to verify; errors: "
                 + (", ".join(f"{k} x{v}" for k, v in errs.most_common(12))
@@ -1810,7 +1822,7 @@ class Controller:
         cfg = self.cfg
         specs = []
         for r in fault_results:
-            if not r:
+            if not r or "expect" not in r:
                 continue
             i = r["proc"]
             exp = {os.path.join(f"p{i}", k): v for k, v in r["expect"].items()}
@@ -1847,7 +1859,7 @@ class Controller:
                     name = f["text"].split(" ")[4].rstrip(":")
                     if name not in sandbox_bad and "cannot read" in f["text"]:
                         f["kind"] = "mount-stale"
-        n = sum(len(r["expect"]) for r in fault_results if r)
+        n = sum(len(r.get("expect", {})) for r in fault_results if r)
         self.report.phases.append(f"verify after phase {phase}: {n} files")
 
     def reseed(self, phase):

@@ -551,6 +551,40 @@ def test_open_files_follow_renames_in_the_sandbox(sandbox):
     assert not (m / "data").exists()
 
 
+def _exchange(a, b):
+    """renameat2(RENAME_EXCHANGE) (coreutils here has no mv --exchange)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b),
+                      rename_exchange) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), a)
+
+
+def test_directories_exchanged_in_the_sandbox(sandbox):
+    """Two directories swapped with RENAME_EXCHANGE in the sandbox: the
+    mount shows each under the other's name, and changes made inside them
+    afterwards reach the mount under the right names (the agent's watches
+    kept their paths apart: both were put under one name before)."""
+    sb = sandbox
+    m, root = sb.mnt, sb.worktree
+    for d, f in (("one", "f1"), ("two", "f2")):
+        (root / d).mkdir()
+        (root / d / f).write_bytes(d.encode())
+    poll(lambda: sorted(os.listdir(m / "two")), ["f2"], VISIBLE_WITHIN)
+    assert sorted(os.listdir(m / "one")) == ["f1"]
+    _exchange(root / "one", root / "two")
+    poll(lambda: sorted(os.listdir(m / "one")), ["f2"], VISIBLE_WITHIN)
+    assert sorted(os.listdir(m / "two")) == ["f1"]
+    # changes inside each, after the exchange
+    os.rename(root / "one" / "f2", root / "one" / "g2")
+    (root / "two" / "f1").write_bytes(b"changed")
+    poll(lambda: sorted(os.listdir(m / "one")), ["g2"], VISIBLE_WITHIN)
+    poll(lambda: read(m / "two" / "f1"), b"changed", VISIBLE_WITHIN)
+    assert read(m / "one" / "g2") == b"two"
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 

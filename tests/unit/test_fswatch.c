@@ -1,5 +1,6 @@
 /* Unit tests: lib/fswatch.c (recursive inotify reported as paths). */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -288,6 +289,61 @@ static void test_moved_from(void **state)
 	free(dir);
 }
 
+/*
+ * RENAME_EXCHANGE of two directories comes as two moves, each the other
+ * way: the watches' paths must swap, not both go under one name (review:
+ * a file renamed in d1's old directory was then reported under d1).
+ */
+static void test_exchange_swaps_paths(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096], q[4096];
+	struct sbx_fswatch *w = NULL;
+	struct seen s = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+	(void)state;
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/d1", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/d2", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/d1/f", dir);
+	th_write(p, "x");
+	snprintf(p, sizeof(p), "%s/d2/g", dir);
+	th_write(p, "y");
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_move, &s), 0);
+	snprintf(p, sizeof(p), "%s/d1", dir);
+	snprintf(q, sizeof(q), "%s/d2", dir);
+	assert_int_equal(renameat2(AT_FDCWD, p, AT_FDCWD, q, RENAME_EXCHANGE),
+			 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw_move(&s, "d2", "d1"));
+	assert_true(saw_move(&s, "d1", "d2"));
+	/* f is now d2/f, g is d1/g. */
+	snprintf(p, sizeof(p), "%s/d2/f", dir);
+	snprintf(q, sizeof(q), "%s/d2/f2", dir);
+	assert_int_equal(rename(p, q), 0);
+	snprintf(p, sizeof(p), "%s/d1/g", dir);
+	snprintf(q, sizeof(q), "%s/d1/g2", dir);
+	assert_int_equal(rename(p, q), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw_move(&s, "d2/f2", "d2/f"));
+	assert_true(saw_move(&s, "d1/g2", "d1/g"));
+	/* A plain rename after it renames one subtree again. */
+	snprintf(p, sizeof(p), "%s/d1", dir);
+	snprintf(q, sizeof(q), "%s/d3", dir);
+	assert_int_equal(rename(p, q), 0);
+	snprintf(p, sizeof(p), "%s/d3/g2", dir);
+	snprintf(q, sizeof(q), "%s/d3/g3", dir);
+	assert_int_equal(rename(p, q), 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw_move(&s, "d3/g3", "d3/g2"));
+
+	sbx_fswatch_free(w);
+	th_rmrf(dir);
+	free(dir);
+}
+
 static void test_bad_root(void **state)
 {
 	struct sbx_fswatch *w = (void *)1;
@@ -307,6 +363,7 @@ int main(void)
 		cmocka_unit_test(test_tree),
 		cmocka_unit_test(test_identity_batch),
 		cmocka_unit_test(test_moved_from),
+		cmocka_unit_test(test_exchange_swaps_paths),
 		cmocka_unit_test(test_bad_root),
 	};
 
