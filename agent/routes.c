@@ -117,8 +117,15 @@ int agent_h_info(struct agent_req *r)
 	 * stream: clients fall back to short cache timeouts. */
 	if (agent_watch_enabled(r->a))
 		cJSON_AddItemToArray(c, cJSON_CreateString("watch"));
+	/*
+	 * Every change made before this request has a sequence number at
+	 * or below it (a barrier: clients wait for the stream to reach it,
+	 * premote_watch_sync).  Without the inotify queue drained first, a
+	 * rename done just before was not among them (churn test: a push
+	 * that met the renamed path asked again before the rename's events).
+	 */
 	cJSON_AddNumberToObject(o, "watch_seq",
-				(double)agent_watch_seq(r->a));
+				(double)agent_watch_sync_seq(r->a));
 	cJSON_AddNumberToObject(l, "max_headers", SBX_PROTO_MAX_HEADERS);
 	cJSON_AddNumberToObject(l, "max_json_body", SBX_PROTO_MAX_JSON_BODY);
 	cJSON_AddNumberToObject(l, "max_write_body", SBX_PROTO_MAX_WRITE_BODY);

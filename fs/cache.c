@@ -979,11 +979,17 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 		return rc < 0 ? rc : wb_held_error(c, f);
 	/* msync write-back may have come through another open file. */
 	rc = wb_push_node(c, f->node);
-	if (rc == 0)
+	for (int tries = 0; rc == 0; tries++) {
+		char *before = wb_path_now(c, f->node);
+
 		rc = wb_io_begin(c, f, &io);
-	if (rc == 0) {
-		rc = c->inner->ops->fsync(c->inner, io.fh, datasync);
-		wb_io_end(c, &io);
+		if (rc == 0) {
+			rc = c->inner->ops->fsync(c->inner, io.fh, datasync);
+			wb_io_end(c, &io);
+		}
+		if (!wb_io_again(c, f->node, before, rc, tries))
+			break;
+		rc = 0;
 	}
 	return rc < 0 ? rc : wb_held_error(c, f);
 }

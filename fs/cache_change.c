@@ -172,10 +172,11 @@ static bool is_within(const struct cnode *d, const struct cnode *n)
  * the node kept the old path: reads and pushes of a file open here said
  * ENOENT, and buffered bytes were lost at close.  What the name held
  * before is replaced, as a rename over it replaces it.  The event must
- * say the new name holds the node's very object (its inode number, which
- * the agent sends with `from`): a RENAME_EXCHANGE comes as two renames,
- * and after the first the second one's old name holds the other object
- * (which stays orphaned: its holders get ESTALE, not the other's data).
+ * not say the new name holds another object (the agent sends its inode
+ * number with `from`, when the name is still there): a RENAME_EXCHANGE
+ * comes as two renames, and after the first the second one's old name
+ * holds the other object (which stays orphaned: its holders get ESTALE,
+ * not the other's data).
  * The old node's own event came first and made its slot unknown, unless
  * it holds buffered writes; the new name stays unknown until a lookup
  * confirms it.  The old name is known free, and an answer about it sent
@@ -192,11 +193,22 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	struct cnode *olddir;
 	char *oldname;
 
+
 	if (!o || o == &c->root || !o->parent || o->orphan || o->hidden ||
-	    !o->st.st_ino || o->st.st_ino != ch->ino || is_within(dir, o) ||
-	    c->exchanges_out)
+	    !o->st.st_ino || is_within(dir, o) || c->exchanges_out)
 		return;
-	if (o->slot == S_PRESENT && !o->dirty)
+	/*
+	 * The number says it is this node's object, even if a lookup
+	 * answered before the rename made the old name present again (a
+	 * churn test saw it).  No number: the name was gone again when the
+	 * agent looked (moved on at once; its next event says where), which
+	 * the second half of an exchange, both names present, is not; then
+	 * the old name's own event must have made its slot unknown (unless
+	 * it holds buffered writes, which keep it).
+	 */
+	if (ch->ino && o->st.st_ino != ch->ino)
+		return;
+	if (!ch->ino && o->slot == S_PRESENT && !o->dirty)
 		return;
 	k = tree_kid_find(dir, name);
 	if (k == o || (k && k->hidden))

@@ -769,8 +769,31 @@ void wb_io_end(struct cache *c, struct cache_io *io);
 /*
  * Push f's buffered writes.  No lock held.  On failure the unpushed bytes
  * stay buffered (the next push retries them) and the error is returned.
+ * A push that meets a path the file left in the sandbox is sent again
+ * where it went (wb_io_again).
  */
 int wb_push(struct cache *c, struct cfile *f);
+
+/* n's path now (malloc'd), or NULL when it has none.  No lock held. */
+char *wb_path_now(struct cache *c, struct cnode *n);
+
+/* Tries of an I/O whose file keeps moving in the sandbox, at most. */
+#define WB_MOVED_TRIES 8
+
+/*
+ * An I/O of n through path `before` (taken just before it, with
+ * wb_path_now) said `rc`.  ENOENT or ESTALE may say the file was renamed
+ * in the sandbox and the event that moves its node (follow_move_locked)
+ * is still on its way: catch up with the change stream (a barrier) and
+ * say whether the node's path changed meanwhile, when the I/O is worth
+ * sending again (churn test, test_remote.py: an fsync right after a
+ * rename in the sandbox said ENOENT).  Try number `tries` (from 0), at
+ * most WB_MOVED_TRIES.  Keeps the I/O's error as the last one when not.
+ * Frees `before`.  No lock held, nor any f->wlock (the barrier waits for
+ * events, whose invalidations may need a write of ours).
+ */
+bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
+		 int tries);
 /*
  * Push f's buffered bytes and do `then` (fsync, or a setattr of the file)
  * in one exchange (the wrapped sandbox's write_then).  1: pushed and

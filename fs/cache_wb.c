@@ -679,19 +679,60 @@ bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 	return done;
 }
 
+char *wb_path_now(struct cache *c, struct cnode *n)
+{
+	char *p;
+
+	cache_lock(c);
+	p = tree_path_of(n);
+	cache_unlock(c);
+	return p;
+}
+
+bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
+		 int tries)
+{
+	struct sbx_error failed = *sbx_error_last();
+	char *now = NULL;
+	bool again = false;
+
+	/* (Only a healthy stream can say where the file went.) */
+	if ((rc == -ENOENT || rc == -ESTALE) && before &&
+	    tries < WB_MOVED_TRIES && cache_healthy(c) &&
+	    change_watch_sync(c) == 0) {
+		now = wb_path_now(c, n);
+		again = now && strcmp(now, before) != 0;
+	}
+	if (again)
+		sbx_debug("'%s' is '%s' now (renamed in the sandbox): pushing "
+			  "there", before, now);
+	else if (rc < 0 && failed.code == rc)
+		(void)sbx_error_restore(&failed);
+	free(before);
+	free(now);
+	return again;
+}
+
 int wb_push_then(struct cache *c, struct cfile *f,
 		 const struct sbx_write_then *then, struct stat *st,
 		 bool *pushed)
 {
 	int rc = 0;
 
-	*pushed = false;
-	pthread_mutex_lock(&f->wlock);
-	/* A held setattr goes first, with the bytes: the caller pushes. */
-	if (!f->pset_valid)
-		rc = then_locked(c, f, then, st, pushed);
-	pthread_mutex_unlock(&f->wlock);
-	return rc;
+	for (int tries = 0;; tries++) {
+		char *before = wb_path_now(c, f->node);
+
+		*pushed = false;
+		rc = 0;
+		pthread_mutex_lock(&f->wlock);
+		/* A held setattr goes first, with the bytes: the caller
+		 * pushes. */
+		if (!f->pset_valid)
+			rc = then_locked(c, f, then, st, pushed);
+		pthread_mutex_unlock(&f->wlock);
+		if (!wb_io_again(c, f->node, before, rc, tries))
+			return rc;
+	}
 }
 
 int wb_push_node_then(struct cache *c, struct cnode *n,
@@ -718,12 +759,16 @@ int wb_push_node_then(struct cache *c, struct cnode *n,
 
 int wb_push(struct cache *c, struct cfile *f)
 {
-	int rc;
+	for (int tries = 0;; tries++) {
+		char *before = wb_path_now(c, f->node);
+		int rc;
 
-	pthread_mutex_lock(&f->wlock);
-	rc = push_locked(c, f);
-	pthread_mutex_unlock(&f->wlock);
-	return rc;
+		pthread_mutex_lock(&f->wlock);
+		rc = push_locked(c, f);
+		pthread_mutex_unlock(&f->wlock);
+		if (!wb_io_again(c, f->node, before, rc, tries))
+			return rc;
+	}
 }
 
 /* Which dirty files to take; all of them when every field is 0. */

@@ -26,6 +26,17 @@
 	(IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY |     \
 	 IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
 
+/*
+ * A directory's IN_MOVED_FROM waits this long for its IN_MOVED_TO before
+ * the directory is taken to have left the tree: the agent's read may come
+ * between the two (the kernel queues them one after the other, not at
+ * once), and a busy tree keeps the reads coming.
+ */
+#define MOVE_SETTLE_MS 50
+
+/* Files moved away and not yet paired with their IN_MOVED_TO, at most. */
+#define MOVES_PENDING 16
+
 /* In a burst (BURST_EVENTS read at once), let events accumulate this long. */
 #define COALESCE_MS 5
 #define BURST_EVENTS 64
@@ -55,11 +66,19 @@ struct sbx_fswatch {
 	/* A directory moved away, waiting for its IN_MOVED_TO. */
 	uint32_t move_cookie;
 	char *move_path;
-	/* A file moved away by the event just handled: its IN_MOVED_TO, if
-	 * inside the tree, is the next event (the kernel queues the pair
-	 * together), which then says where it came from. */
-	uint32_t from_cookie;
-	char *from_path;
+	long long move_since_ms; /* sbx_clock_mono_ms() at its MOVED_FROM */
+	/*
+	 * Files moved away whose IN_MOVED_TO (same cookie) has not come yet:
+	 * it says where the file came from.  Other events may come between
+	 * the two (another CPU's, queued while the rename ran: a churn test
+	 * saw a write's IN_MODIFY there).  A move out of the tree has none;
+	 * the oldest entry makes room.
+	 */
+	struct {
+		uint32_t cookie; /* 0: free */
+		char *path;
+	} moves[MOVES_PENDING];
+	unsigned moves_next;
 	/* Two directories' paths swapped by an exchange's first half: its
 	 * second half (`swap_to` moved back to `swap_from`) is done. */
 	char *swap_from, *swap_to;
@@ -334,11 +353,39 @@ static void overflow(struct sbx_fswatch *w, const char *why)
 	}
 }
 
+/* A file moved away from `path` (its IN_MOVED_FROM, `cookie`). */
+static void file_move_start(struct sbx_fswatch *w, uint32_t cookie,
+			    const char *path)
+{
+	unsigned i = w->moves_next++ % MOVES_PENDING;
+
+	free(w->moves[i].path);
+	w->moves[i].cookie = cookie;
+	w->moves[i].path = sbx_xstrdup(path);
+}
+
+/* The pending file move of `cookie` (its slot), or -1. */
+static int file_move_find(const struct sbx_fswatch *w, uint32_t cookie)
+{
+	for (int i = 0; i < MOVES_PENDING; i++)
+		if (cookie && w->moves[i].cookie == cookie && w->moves[i].path)
+			return i;
+	return -1;
+}
+
+static void file_move_end(struct sbx_fswatch *w, int i)
+{
+	if (i < 0)
+		return;
+	free(w->moves[i].path);
+	w->moves[i].path = NULL;
+	w->moves[i].cookie = 0;
+}
+
 /* Where the object an IN_MOVED_TO names came from: the path of its
  * IN_MOVED_FROM, when that was paired with it; else NULL. */
 static const char *moved_from(const struct sbx_fswatch *w,
-			      const struct inotify_event *ev,
-			      const char *file_from, uint32_t file_cookie)
+			      const struct inotify_event *ev, int file_move)
 {
 	if (!(ev->mask & IN_MOVED_TO))
 		return NULL;
@@ -346,27 +393,13 @@ static const char *moved_from(const struct sbx_fswatch *w,
 		return w->move_path && ev->cookie == w->move_cookie
 			       ? w->move_path
 			       : NULL;
-	return file_from && ev->cookie == file_cookie ? file_from : NULL;
+	return file_move >= 0 ? w->moves[file_move].path : NULL;
 }
-
-static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
-		       const char *file_from, uint32_t file_cookie);
 
 static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 {
-	/* A file's IN_MOVED_FROM pairs only with the event right after it. */
-	char *file_from = w->from_path;
-	uint32_t file_cookie = w->from_cookie;
+	int file_move = -1;
 
-	w->from_path = NULL;
-	w->from_cookie = 0;
-	handle_one(w, ev, file_from, file_cookie);
-	free(file_from);
-}
-
-static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
-		       const char *file_from, uint32_t file_cookie)
-{
 	const struct wdir *dir;
 	char *path;
 
@@ -388,9 +421,14 @@ static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
 			     ev->mask);
 		return;
 	}
-	/* A pending directory move that did not pair with this event. */
-	if (w->move_path &&
-	    !((ev->mask & IN_MOVED_TO) && ev->cookie == w->move_cookie)) {
+	/*
+	 * A pending directory move, when another one starts: it did not pair
+	 * (it left the tree).  Other events may come between a move's two
+	 * halves (see `moves`); what is left pending settles at the end of
+	 * the batch (drain).
+	 */
+	if (w->move_path && (ev->mask & IN_MOVED_FROM) &&
+	    (ev->mask & IN_ISDIR)) {
 		settle_move(w);
 		/* That may have been this event's directory: it left. */
 		dir = w->wds[ev->wd];
@@ -399,16 +437,19 @@ static void handle_one(struct sbx_fswatch *w, const struct inotify_event *ev,
 	}
 
 	path = join(dir->path, ev->name);
+	if ((ev->mask & IN_MOVED_TO) && !(ev->mask & IN_ISDIR))
+		file_move = file_move_find(w, ev->cookie);
 	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) {
 		emit_from(w, SBX_FSWATCH_ENTRY, dir, path, ev->name, ev->mask,
-			  moved_from(w, ev, file_from, file_cookie));
+			  moved_from(w, ev, file_move));
+		file_move_end(w, file_move);
 		if (!(ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_FROM)) {
-			w->from_cookie = ev->cookie;
-			w->from_path = sbx_xstrdup(path);
+			file_move_start(w, ev->cookie, path);
 		} else if ((ev->mask & IN_ISDIR) &&
 			   (ev->mask & IN_MOVED_FROM)) {
 			w->move_cookie = ev->cookie;
 			w->move_path = path;
+			w->move_since_ms = sbx_clock_mono_ms();
 			path = NULL;
 		} else if ((ev->mask & IN_ISDIR) && (ev->mask & IN_MOVED_TO) &&
 			   w->move_path && ev->cookie == w->move_cookie) {
@@ -456,7 +497,9 @@ static long drain(struct sbx_fswatch *w)
 		}
 	}
 	/* A move whose partner is not queued by now left the tree. */
-	settle_move(w);
+	if (w->move_path &&
+	    sbx_clock_mono_ms() - w->move_since_ms >= MOVE_SETTLE_MS)
+		settle_move(w);
 	return count;
 }
 
@@ -474,7 +517,9 @@ static void *watcher(void *arg)
 		bool stop;
 		long n;
 
-		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+		/* (A pending directory move settles once nothing comes.) */
+		if (poll(pfd, 2, w->move_path ? MOVE_SETTLE_MS : -1) < 0 &&
+		    errno != EINTR)
 			break;
 		if (busy && !(pfd[1].revents & POLLIN)) {
 			/* Let a burst accumulate; a sync request cuts it. */
@@ -535,7 +580,8 @@ void sbx_fswatch_free(struct sbx_fswatch *w)
 		drop_wd(w, (int)i);
 	free(w->wds);
 	free(w->move_path);
-	free(w->from_path);
+	for (int i = 0; i < MOVES_PENDING; i++)
+		free(w->moves[i].path);
 	free(w->swap_from);
 	free(w->swap_to);
 	if (w->ifd >= 0)

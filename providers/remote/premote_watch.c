@@ -116,10 +116,11 @@ static void deliver(struct premote_watch *w, struct sbx_change *c)
 	} else if (c->kind != SBX_CHANGE_OVERFLOW) {
 		c->ino = (ino_t)premote_ino_at(s, c->path);
 	}
-	sbx_debug("change %llu: kind %d path \"%s\" (dir ino %llu, ino %llu)",
+	sbx_debug("change %llu: kind %d path \"%s\" (dir ino %llu, ino %llu)%s%s",
 		  (unsigned long long)c->seq, c->kind,
 		  c->path ? c->path : "", (unsigned long long)c->dir_ino,
-		  (unsigned long long)c->ino);
+		  (unsigned long long)c->ino, c->from_path ? " from " : "",
+		  c->from_path ? c->from_path : "");
 	w->cb(c, w->payload);
 }
 
