@@ -107,24 +107,16 @@ static void note_entry_change(struct fs *fs, fuse_ino_t parent,
 	pthread_mutex_unlock(&fs->lock);
 }
 
-/* fs_inode_foreach callback: drop the dentry of a child of *payload. */
-static void inval_child_of(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
-			   const char *name, void *payload)
-{
-	if (name && parent == *(const fuse_ino_t *)payload)
-		fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
-						 strlen(name));
-}
-
 void fs_entry_replay(struct fs *fs, fuse_ino_t parent, const char *name,
 		     uint64_t since)
 {
-	char *names[FS_RECENT_ENTRIES];
+	char **names;
 	size_t n = 0;
 	bool lost;
 
 	if (fs_entry_gen(fs) == since)
 		return; /* nothing changed meanwhile: the usual case */
+	names = sbx_xcalloc(FS_RECENT_ENTRIES, sizeof(*names));
 	pthread_mutex_lock(&fs->lock);
 	lost = fs->entry_gen - since > FS_RECENT_ENTRIES;
 	for (uint64_t g = since + 1; !lost && g <= fs->entry_gen; g++) {
@@ -135,22 +127,13 @@ void fs_entry_replay(struct fs *fs, fuse_ino_t parent, const char *name,
 			names[n++] = sbx_xstrdup(r->name);
 	}
 	pthread_mutex_unlock(&fs->lock);
-	if (!lost && n == 0)
+	if (!lost && n == 0) {
+		free(names);
 		return;
-	for (size_t i = 0; i < n; i++) {
-		fuse_lowlevel_notify_inval_entry(fs->se, parent, names[i],
-						 strlen(names[i]));
-		free(names[i]);
 	}
-	if (lost) {
-		/* Too many changes to tell which: every known child, and the
-		 * name the reply was about (a negative entry has no inode). */
-		fs_inode_foreach(fs, inval_child_of, &parent);
-		if (name)
-			fuse_lowlevel_notify_inval_entry(fs->se, parent, name,
-							 strlen(name));
-	}
-	fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
+	/* Sent by the replay thread (replay.c: sent here, they could take
+	 * every FUSE worker while a listing holds the directory's lock). */
+	fs_replay_queue(fs, parent, names, n, lost, name);
 }
 
 void fs_apply_change(const struct sbx_change *c, void *payload)
@@ -566,6 +549,7 @@ int fs_daemon_run(const struct fs_options *o)
 	pthread_mutex_init(&fs.lock, NULL);
 	pthread_mutex_init(&fs.barrier_lock, NULL);
 	fs_negatives_init(&fs);
+	fs_replay_init(&fs);
 	fs_inodes_init(&fs);
 
 	fs.root.node = fs.sb->ops->root(fs.sb);
@@ -640,6 +624,11 @@ int fs_daemon_run(const struct fs_options *o)
 		 o->mountpoint, fs.watching ? "change-stream" : "short-timeout");
 	notify_ready(o->ready_fd);
 	start_detach_watch(&fs);
+	if (fs_replay_start(&fs) < 0) {
+		sbx_warn("%s; replies that raced a change are fixed up by "
+			 "the FUSE workers", sbx_error_last()->msg);
+		sbx_error_clear();
+	}
 
 	loop = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(loop, 1);
@@ -665,6 +654,7 @@ out:
 	 */
 	if (mounted && (!fs.dev || dev_mounted(fs.dev)))
 		fuse_session_unmount(fs.se);
+	fs_replay_fini(&fs);
 	if (handlers)
 		fuse_remove_signal_handlers(fs.se);
 	if (fs.se)

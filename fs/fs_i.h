@@ -130,6 +130,17 @@ struct fs {
 	struct sbx_hashmap negatives;
 	long long neg_prune_at; /* sbx_clock_mono_ms(); neg_lock */
 
+	/*
+	 * Invalidations of replies that raced a change, sent by their own
+	 * thread (replay.c).  replay_lock is a leaf and guards the queue
+	 * and replay_stop; replay_started is set before the FUSE loop runs.
+	 */
+	pthread_mutex_t replay_lock;
+	pthread_cond_t replay_cond;
+	struct fs_replay_job *replay_head, *replay_tail;
+	pthread_t replay_thread;
+	bool replay_started, replay_stop;
+
 	struct fs_ctl *ctl;
 
 	/* Lazy-unmount watch (fs.c): ends the loop once no mount is left. */
@@ -170,6 +181,23 @@ void fs_negative_drop(struct fs *fs, fuse_ino_t parent, const char *name);
 void fs_negatives_invalidate(struct fs *fs);
 void fs_negatives_init(struct fs *fs);
 void fs_negatives_fini(struct fs *fs);
+
+/* --- replay.c ------------------------------------------------------------ */
+/*
+ * fs_replay_queue(): send these invalidations for `parent` from the replay
+ * thread -- the entries `names` (n of them; the array and its strings are
+ * taken over), with `lost` every known child and `name` too, then the
+ * directory's inode -- or here when the thread is not running.
+ * fs_replay_init() before any; fs_replay_start() starts the thread;
+ * fs_replay_fini() stops it (with the session still there: when a listing
+ * that will never be answered keeps it waiting for 2 s, the connection is
+ * aborted) and frees what is left, unsent.
+ */
+void fs_replay_init(struct fs *fs);
+int fs_replay_start(struct fs *fs);
+void fs_replay_fini(struct fs *fs);
+void fs_replay_queue(struct fs *fs, fuse_ino_t parent, char **names,
+		     size_t n, bool lost, const char *name);
 
 /* --- inode.c ------------------------------------------------------------- */
 void fs_inodes_init(struct fs *fs);

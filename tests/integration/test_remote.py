@@ -634,6 +634,47 @@ def test_open_files_written_through_renames_in_the_sandbox(sandbox):
             assert f.read() == want, f"f{i} at {found[i]}"
 
 
+@pytest.mark.slow
+def test_listing_a_big_directory_while_the_sandbox_changes_it(sandbox):
+    """`ls` of a directory of 20,000 files made through the mount, again and
+    again, while a command in the sandbox keeps making and removing a file
+    in it: every listing completes, and the mount still answers.  The
+    invalidations that follow each listing chunk (more changes than the
+    daemon keeps track of) were sent by the FUSE workers, which all ended
+    up waiting for the directory's lock held by the lister, itself waiting
+    for an answer none was left to give: the whole mount hung (stress
+    test; 1 to 18 listings)."""
+    import threading
+    sb = sandbox
+    m, root = sb.mnt, sb.worktree
+    n = 20000
+    (m / "big").mkdir()
+    for k in range(n):
+        with open(m / "big" / f"f{k:06d}", "wb"):
+            pass
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            (root / "big" / "c").write_bytes(b"")
+            os.unlink(root / "big" / "c")
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for i in range(25):
+            r = subprocess.run(["ls", "-f", str(m / "big")],
+                               stdout=subprocess.PIPE, timeout=60)
+            got = r.stdout.count(b"\n")
+            assert got >= n + 2, f"listing {i}: {got} names"
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"listing {i} hung\n{diagnostics(sb)}")
+    finally:
+        stop.set()
+        t.join()
+    assert os.stat(m / "big" / "f000001").st_size == 0
+
+
 def _exchange(a, b):
     """renameat2(RENAME_EXCHANGE) (coreutils here has no mv --exchange)."""
     import ctypes

@@ -206,9 +206,13 @@ size_t fuse_add_direntry_plus(fuse_req_t req, char *buf, size_t bufsize,
 
 /* Kernel notifications from the change stream (fs.c). */
 static pthread_mutex_t inval_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t inval_cond = PTHREAD_COND_INITIALIZER;
 static char inval_names[64][64];
 static fuse_ino_t inval_parents[64];
 static int ninval_entry, ninval_inode;
+/* While set, an entry invalidation waits, as the kernel's waits for the
+ * directory's lock while a process holds it to list the directory. */
+static bool inval_blocked;
 
 int fuse_lowlevel_notify_inval_entry(struct fuse_session *se,
 				     fuse_ino_t parent, const char *name,
@@ -216,6 +220,8 @@ int fuse_lowlevel_notify_inval_entry(struct fuse_session *se,
 {
 	(void)se;
 	pthread_mutex_lock(&inval_lock);
+	while (inval_blocked)
+		pthread_cond_wait(&inval_cond, &inval_lock);
 	if (ninval_entry < 64) {
 		snprintf(inval_names[ninval_entry], 64, "%.*s", (int)namelen,
 			 name);
@@ -278,6 +284,7 @@ static int setup_with(void **state, bool cached, bool watch)
 	pthread_mutex_init(&e->fs.lock, NULL);
 	pthread_mutex_init(&e->fs.barrier_lock, NULL);
 	fs_negatives_init(&e->fs);
+	fs_replay_init(&e->fs);
 	fs_inodes_init(&e->fs);
 	e->fs.root.node = e->fs.sb->ops->root(e->fs.sb);
 	assert_int_equal(e->fs.sb->ops->getattr(e->fs.sb, e->fs.root.node,
@@ -318,6 +325,7 @@ static int teardown(void **state)
 
 	if (e->fs.watching)
 		e->fs.sb->ops->watch_stop(e->fs.sb);
+	fs_replay_fini(&e->fs);
 	fs_inodes_fini(&e->fs);
 	for (size_t i = 0; i < FS_RECENT_ENTRIES; i++)
 		free(e->fs.recent[i].name);
@@ -740,6 +748,97 @@ static void test_overflow_drops_negative_entries(void **state)
 	assert_int_equal(sbx_hashmap_count(&e->fs.negatives), 0);
 }
 
+struct readdir_call {
+	struct env *e;
+	struct fuse_file_info fi;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+static void *readdir_main(void *arg)
+{
+	struct readdir_call *r = arg;
+
+	fs_ops.readdirplus(req(r->e), FUSE_ROOT_ID, 64 * sizeof(struct rec), 0,
+			   &r->fi);
+	pthread_mutex_lock(&r->lock);
+	r->done = true;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+/*
+ * A listing answered while the directory changed a lot (more changes than
+ * FS_RECENT_ENTRIES since its opendir): the invalidations that follow the
+ * reply are sent by the replay thread, and the READDIR handler returns
+ * while they wait for the directory (stress test: sent by the workers,
+ * they all waited there while a process listing the directory held its
+ * lock, waiting for an answer none was left to give -- the mount hung).
+ */
+static void test_readdir_replay_does_not_hold_the_worker(void **state)
+{
+	struct env *e = *state;
+	struct readdir_call r = { .e = e, .lock = PTHREAD_MUTEX_INITIALIZER,
+				  .cond = PTHREAD_COND_INITIALIZER };
+	struct timespec until;
+	pthread_t t;
+	bool done;
+
+	write_file(e, FUSE_ROOT_ID, "f", "1");
+	assert_int_equal(fs_replay_start(&e->fs), 0);
+	memset(&r.fi, 0, sizeof(r.fi));
+	fs_ops.opendir(req(e), FUSE_ROOT_ID, &r.fi);
+	assert_int_equal(e->req.kind, R_OPEN);
+	r.fi = e->req.fi;
+	/* Changes behind the mount, more than the recent ones kept. */
+	for (int i = 0; i < FS_RECENT_ENTRIES + 10; i++) {
+		char name[32];
+		struct sbx_change c = { .kind = SBX_CHANGE_ENTRY,
+					.dir_dev = e->fs.root.dev,
+					.dir_ino = e->fs.root.ino,
+					.name = name };
+
+		snprintf(name, sizeof(name), "churn%d", i);
+		fs_apply_change(&c, &e->fs);
+	}
+	pthread_mutex_lock(&inval_lock);
+	inval_blocked = true;
+	ninval_entry = ninval_inode = 0;
+	pthread_mutex_unlock(&inval_lock);
+	assert_int_equal(pthread_create(&t, NULL, readdir_main, &r), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	pthread_mutex_lock(&r.lock);
+	while (!r.done &&
+	       pthread_cond_timedwait(&r.cond, &r.lock, &until) == 0)
+		;
+	done = r.done;
+	pthread_mutex_unlock(&r.lock);
+	/* The kernel lets the invalidations through. */
+	pthread_mutex_lock(&inval_lock);
+	inval_blocked = false;
+	pthread_cond_broadcast(&inval_cond);
+	pthread_mutex_unlock(&inval_lock);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_true(done);
+	assert_int_equal(e->req.kind, R_BUF);
+	/* ...and the replay runs: every known child, then the directory
+	 * (on its thread: wait for it, at most 5 s). */
+	for (int i = 0; i < 500; i++) {
+		pthread_mutex_lock(&inval_lock);
+		done = ninval_inode > 0;
+		pthread_mutex_unlock(&inval_lock);
+		if (done)
+			break;
+		usleep(10000);
+	}
+	assert_true(done);
+	assert_true(entry_invalidated(FUSE_ROOT_ID, "f"));
+	fs_ops.releasedir(req(e), FUSE_ROOT_ID, &r.fi);
+}
+
 #define BOTH(t)                                                                \
 	cmocka_unit_test_setup_teardown(t, setup_direct, teardown),            \
 	cmocka_unit_test_setup_teardown(t, setup_cached, teardown)
@@ -765,6 +864,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_overflow_drops_negative_entries,
 			setup_cached_watched, teardown),
+		BOTH(test_readdir_replay_does_not_hold_the_worker),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
