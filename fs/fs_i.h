@@ -11,7 +11,13 @@
  *
  * Lock order: fs->lock, then a provider's own locks (node_stale and
  * attr_changed are called under fs->lock; they take only the provider's
- * locks and send no request to the sandbox).
+ * locks and send no request to the sandbox).  fs->neg_lock and
+ * fs->replay_lock are leaves: nothing else is taken while one is held.
+ *
+ * Threads that send notifications: the change stream's (fs_apply_change)
+ * and the replay thread (replay.c).  The FUSE workers send none that can
+ * wait for a directory's lock behind a listing (fs_entry_replay queues
+ * them): a worker must stay free to answer the lister.
  *
  * Locking.  fs->lock protects the inode table, the name index (fs->names
  * and every inode's `names`) and every inode's `nlookup`, `parent`/`name`
