@@ -88,29 +88,16 @@ static void on_event(const struct sbx_fswatch_event *ev, void *payload)
 	/*
 	 * What a name holds now, so a client can refresh the link count of
 	 * a file it knows by another name (a link made to it): inotify tells
-	 * only a watch on the file itself of that.  Before the event is
-	 * queued, outside the lock; the name may have changed again since,
-	 * which a later event says.  Not of a file system mounted below the
-	 * root: clients number its inodes their own way (premote_fix_stat).
-	 * Nor for a path too long to send.
+	 * only a watch on the file itself of that; and, for a rename (a
+	 * directory's too), that the new name holds the object that moved.
+	 * Before the event is queued, outside the lock; the name may have
+	 * changed again since, which a later event says.  Not of a file
+	 * system mounted below the root: clients number its inodes their own
+	 * way (premote_fix_stat).  Nor for a path too long to send.
 	 */
 	if (path && sbx_fswatch_entry_stat(ev, w->root, &st) &&
 	    st.st_dev == w->root_dev)
 		ino = (uint64_t)st.st_ino;
-	/*
-	 * A renamed directory's too: a client keeps what it holds of the
-	 * directory under its new name only when this says the name holds
-	 * the very one (the two halves of a RENAME_EXCHANGE look like two
-	 * renames, and after the first the other's old name holds the other).
-	 */
-	if (path && from && !ino) {
-		char *full = sbx_xasprintf("%s/%s", w->root, path);
-
-		if (lstat(full, &st) == 0 && S_ISDIR(st.st_mode) &&
-		    st.st_dev == w->root_dev)
-			ino = (uint64_t)st.st_ino;
-		free(full);
-	}
 	pthread_mutex_lock(&w->lock);
 	w->seq++;
 	slot = &w->ring[w->seq % RING_SIZE];

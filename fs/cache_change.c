@@ -191,7 +191,6 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 {
 	struct cnode *o = tree_resolve(c, ch->from_path, false), *k;
 	struct cnode *olddir;
-	char *oldname;
 
 
 	if (!o || o == &c->root || !o->parent || o->orphan || o->hidden ||
@@ -213,23 +212,11 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	k = tree_kid_find(dir, name);
 	if (k == o || (k && k->hidden))
 		return;
-	if (k) {
-		tree_orphan(c, k);
-		tree_mark_gone_dir(k, false);
-		tree_invalidate_file(k);
-	}
 	olddir = o->parent;
-	oldname = sbx_xstrdup(o->name);
-	tree_kid_move(o, dir, name);
+	(void)tree_rename(c, olddir, o->name, dir, name);
 	if (!o->dirty)
 		o->slot = S_UNKNOWN;
-	/* Its ctime changed, for every name of it. */
-	tree_invalidate_file(o);
-	k = tree_kid_get(olddir, oldname);
-	k->slot = S_ABSENT;
-	k->own_gen = c->events;
 	olddir->st_valid = false;
-	free(oldname);
 	sbx_debug("followed a rename in the sandbox: %s -> %s",
 		  ch->from_path, ch->path);
 }

@@ -434,19 +434,12 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 				b->slot = S_UNKNOWN;
 		}
 	} else {
-		if (b && b != a) {
-			/* The replaced object has no path any more. */
-			tree_orphan(c, b);
-			tree_mark_gone_dir(b, false);
-			tree_invalidate_file(b);
-		}
+		a = tree_rename(c, from, name, to, newname);
 		if (a) {
-			tree_kid_move(a, to, newname);
 			a->own_gen = c->events;
-			/* Its ctime changed, for every name of it.  The batch's
-			 * stat of it is kept when no change but our own came
-			 * in while the call was out (struct side_call). */
-			tree_invalidate_file(a);
+			/* The batch's stat of it is kept when no change but our
+			 * own came in while the call was out (struct
+			 * side_call). */
 			if (ok && sc.side.has_obj && c->foreign == sc.foreign &&
 			    a->slot == S_PRESENT &&
 			    a->st.st_ino == sc.side.obj.st_ino &&
@@ -454,10 +447,6 @@ int entry_rename(struct sbx_sandbox *sb, struct sbx_node *parent,
 				    (sc.side.obj.st_mode & S_IFMT))
 				tree_refresh_st(c, a, &sc.side.obj);
 		}
-		/* The old name is now known to be free. */
-		a = tree_kid_get(from, name);
-		a->slot = S_ABSENT;
-		a->own_gen = c->events;
 	}
 	cache_unlock(c);
 	renames_out_done(c, flags);

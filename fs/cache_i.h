@@ -620,6 +620,18 @@ void tree_orphan(struct cache *c, struct cnode *k);
 void tree_mark_gone_dir(struct cnode *k, bool rmdir);
 /* Rename k (a child of its parent) to name in dir (takes nothing). */
 void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name);
+/*
+ * The tree after a rename of `name` in `from` to `newname` in `to` (ours,
+ * entry_rename, or one the change stream told of, follow_move_locked):
+ * what newname held is replaced (no path any more), the moved node takes
+ * the new name (its ctime changed: its attributes, and its other names',
+ * are invalid), and the old name is known free -- an answer about it sent
+ * before is older (own_gen).  Returns the moved node, or NULL when the
+ * tree had none.  Not for RENAME_EXCHANGE.  c->lock held.
+ */
+struct cnode *tree_rename(struct cache *c, struct cnode *from,
+			  const char *name, struct cnode *to,
+			  const char *newname);
 /* Find (create: make) the node of a path relative to the root. */
 struct cnode *tree_resolve(struct cache *c, const char *path, bool create);
 /* Path of n relative to the root, malloc'd; NULL for an orphan. */

@@ -493,6 +493,31 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 	return k;
 }
 
+struct cnode *tree_rename(struct cache *c, struct cnode *from,
+			  const char *name, struct cnode *to,
+			  const char *newname)
+{
+	/* (name may be the moved node's own, which the move frees.) */
+	char *old = sbx_xstrdup(name);
+	struct cnode *a = tree_kid_find(from, old);
+	struct cnode *b = tree_kid_find(to, newname), *k;
+
+	if (b && b != a) {
+		tree_orphan(c, b);
+		tree_mark_gone_dir(b, false);
+		tree_invalidate_file(b);
+	}
+	if (a) {
+		tree_kid_move(a, to, newname);
+		tree_invalidate_file(a);
+	}
+	k = tree_kid_get(from, old);
+	k->slot = S_ABSENT;
+	k->own_gen = c->events;
+	free(old);
+	return a;
+}
+
 void tree_orphan(struct cache *c, struct cnode *k)
 {
 	if (k->parent)

@@ -399,7 +399,6 @@ static const char *moved_from(const struct sbx_fswatch *w,
 static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 {
 	int file_move = -1;
-
 	const struct wdir *dir;
 	char *path;
 
@@ -424,8 +423,8 @@ static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 	/*
 	 * A pending directory move, when another one starts: it did not pair
 	 * (it left the tree).  Other events may come between a move's two
-	 * halves (see `moves`); what is left pending settles at the end of
-	 * the batch (drain).
+	 * halves (see `moves`); one left pending settles MOVE_SETTLE_MS
+	 * after it came (drain).
 	 */
 	if (w->move_path && (ev->mask & IN_MOVED_FROM) &&
 	    (ev->mask & IN_ISDIR)) {
@@ -683,7 +682,8 @@ bool sbx_fswatch_entry_stat(const struct sbx_fswatch_event *ev,
 
 	memset(st, 0, sizeof(*st));
 	if (ev->kind != SBX_FSWATCH_ENTRY || !ev->path ||
-	    (ev->mask & (IN_DELETE | IN_MOVED_FROM | IN_ISDIR)))
+	    (ev->mask & (IN_DELETE | IN_MOVED_FROM)) ||
+	    ((ev->mask & IN_ISDIR) && !ev->from))
 		return false;
 	full = sbx_xasprintf("%s/%s", root, ev->path);
 	ok = lstat(full, st) == 0;

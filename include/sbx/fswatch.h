@@ -93,9 +93,9 @@ struct sbx_fswatch_event {
 	/*
 	 * ENTRY with IN_MOVED_TO: the path (as `path`) of the name the
 	 * object was moved from, when that name was inside the tree and its
-	 * IN_MOVED_FROM came right before (the kernel queues a rename's two
-	 * events together); NULL otherwise.  The ENTRY of the old name has
-	 * been reported already.  Borrowed.
+	 * IN_MOVED_FROM was paired with this event (same cookie; events of
+	 * other objects may come between the two); NULL otherwise.  The
+	 * ENTRY of the old name has been reported already.  Borrowed.
 	 */
 	const char *from;
 };
@@ -140,10 +140,13 @@ struct stat;
 /*
  * What the name of ENTRY event `ev` holds now: lstat() of root/ev->path,
  * for a consumer that refreshes the link count of a file a link was made
- * to (inotify tells only a watch on the file itself of that).  False, and
- * *st zeroed, when the event removed or moved the name away, is about a
- * directory (no hard links), has no path, or the name is gone again (a
- * later event says so).
+ * to (inotify tells only a watch on the file itself of that), or keeps
+ * what it holds of a renamed object under its new name only if the name
+ * holds that very one (`from`: the halves of a RENAME_EXCHANGE look like
+ * two renames).  False, and *st zeroed, when the event removed or moved
+ * the name away, is about a directory that was not renamed (no hard
+ * links), has no path, or the name is gone again (a later event says
+ * so).
  */
 bool sbx_fswatch_entry_stat(const struct sbx_fswatch_event *ev,
 			    const char *root, struct stat *st);
