@@ -175,8 +175,9 @@ static bool is_within(const struct cnode *d, const struct cnode *n)
  * not say the new name holds another object (the agent sends its inode
  * number with `from`, when the name is still there): a RENAME_EXCHANGE
  * comes as two renames, and after the first the second one's old name
- * holds the other object (which stays orphaned: its holders get ESTALE,
- * not the other's data).
+ * holds the other object; then the one the first half replaced (an
+ * orphan since) goes to the old name, if it is the object the event
+ * names (c->displaced).
  * The old node's own event came first and made its slot unknown, unless
  * it holds buffered writes; the new name stays unknown until a lookup
  * confirms it.  The old name is known free, and an answer about it sent
@@ -190,9 +191,14 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 			       struct cnode *dir, const char *name)
 {
 	struct cnode *o = tree_resolve(c, ch->from_path, false), *k;
-	struct cnode *olddir;
+	struct cnode *olddir, *d = c->displaced;
+	bool exchange;
 
-
+	/* At most the rename right after the one that displaced it. */
+	c->displaced = NULL;
+	exchange = d && ch->ino && d->orphan && d->st.st_ino == ch->ino &&
+		   c->displaced_path &&
+		   strcmp(c->displaced_path, ch->from_path) == 0;
 	if (!o || o == &c->root || !o->parent || o->orphan || o->hidden ||
 	    !o->st.st_ino || is_within(dir, o) || c->exchanges_out)
 		return;
@@ -205,8 +211,21 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	 * the old name's own event must have made its slot unknown (unless
 	 * it holds buffered writes, which keep it).
 	 */
-	if (ch->ino && o->st.st_ino != ch->ino)
+	if (ch->ino && o->st.st_ino != ch->ino) {
+		k = tree_kid_find(dir, name);
+		/*
+		 * The second half of an exchange: the first left the name
+		 * free and nothing has looked it up since (a lookup's node
+		 * would be a second one of the object).
+		 */
+		if (exchange && !is_within(dir, d) &&
+		    (!k || (k->slot != S_PRESENT && !k->st.st_ino))) {
+			tree_unorphan(c, d, dir, name);
+			sbx_debug("followed an exchange in the sandbox: %s -> %s",
+				  ch->from_path, ch->path);
+		}
 		return;
+	}
 	if (!ch->ino && o->slot == S_PRESENT && !o->dirty)
 		return;
 	k = tree_kid_find(dir, name);
@@ -217,6 +236,12 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	if (!o->dirty)
 		o->slot = S_UNKNOWN;
 	olddir->st_valid = false;
+	/* Replaced: the first half of an exchange, maybe. */
+	if (k && k->orphan && k->st.st_ino && !k->in_ring && !k->hidden) {
+		c->displaced = k;
+		free(c->displaced_path);
+		c->displaced_path = sbx_xstrdup(ch->path);
+	}
 	sbx_debug("followed a rename in the sandbox: %s -> %s",
 		  ch->from_path, ch->path);
 }

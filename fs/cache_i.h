@@ -391,6 +391,15 @@ struct cache {
 	 * call makes in the tree when it ends. */
 	unsigned exchanges_out;
 	/*
+	 * The node the last rename followed from the change stream replaced
+	 * (an orphan now), and the path it had: if the next followed
+	 * rename brings that object back from that path, it was a
+	 * RENAME_EXCHANGE in the sandbox, and the node goes to its new name
+	 * (follow_move_locked).  Orphans are never freed before the cache.
+	 */
+	struct cnode *displaced;
+	char *displaced_path;
+	/*
 	 * Hidden names that silly renames whose answer was lost may have
 	 * made (the sandbox out of reach: it may or may not have done
 	 * them), removed once nothing has their file open
@@ -632,6 +641,15 @@ void tree_kid_move(struct cnode *k, struct cnode *dir, const char *name);
 struct cnode *tree_rename(struct cache *c, struct cnode *from,
 			  const char *name, struct cnode *to,
 			  const char *newname);
+/*
+ * Put orphan k back into the tree as `name` in dir, in place of what the
+ * name holds (orphaned in turn): the second half of a RENAME_EXCHANGE
+ * made in the sandbox (follow_move_locked).  Its attributes are invalid
+ * and its slot unknown (present if it holds buffered writes).  c->lock
+ * held.
+ */
+void tree_unorphan(struct cache *c, struct cnode *k, struct cnode *dir,
+		   const char *name);
 /* Find (create: make) the node of a path relative to the root. */
 struct cnode *tree_resolve(struct cache *c, const char *path, bool create);
 /* Path of n relative to the root, malloc'd; NULL for an orphan. */

@@ -529,6 +529,29 @@ void tree_orphan(struct cache *c, struct cnode *k)
 	c->orphans = k;
 }
 
+void tree_unorphan(struct cache *c, struct cnode *k, struct cnode *dir,
+		   const char *name)
+{
+	struct cnode **pp = &c->orphans, *old = tree_kid_find(dir, name);
+
+	while (*pp && *pp != k)
+		pp = &(*pp)->orphan_next;
+	if (*pp)
+		*pp = k->orphan_next;
+	k->orphan_next = NULL;
+	k->orphan = false;
+	if (old)
+		tree_orphan(c, old);
+	tree_kid_move(k, dir, name);
+	/* tree_mark_gone_dir() zeroed a directory's count. */
+	k->gone_dir = false;
+	k->st_valid = false;
+	/* The event's inode number said the name holds k's object; buffered
+	 * writes keep it present, as they keep a followed node
+	 * (tree_orphan() made it absent). */
+	k->slot = k->dirty ? S_PRESENT : S_UNKNOWN;
+}
+
 void tree_mark_gone_dir(struct cnode *k, bool rmdir)
 {
 	if (k->st.st_ino != 0 && S_ISDIR(k->st.st_mode)) {
@@ -592,6 +615,9 @@ void tree_free(struct cache *c, struct cnode *n)
 	sbx_hashmap_fini(&n->kids);
 	if (n == &c->root) {
 		sbx_hashmap_fini(&c->rings);
+		free(c->displaced_path);
+		c->displaced_path = NULL;
+		c->displaced = NULL;
 		while (c->orphans) {
 			struct cnode *o = c->orphans;
 

@@ -709,6 +709,35 @@ def test_directories_exchanged_in_the_sandbox(sandbox):
     assert read(m / "one" / "g2") == b"two"
 
 
+def test_files_exchanged_in_the_sandbox_keep_their_descriptors(sandbox):
+    """Two files open through the mount, swapped with RENAME_EXCHANGE in
+    the sandbox: each descriptor goes on reading and writing its own file
+    under the other's name (the second file's descriptor said ESTALE,
+    and its buffered bytes were lost, before the exchange was followed
+    as one)."""
+    m, root = sandbox.mnt, sandbox.worktree
+    (root / "left").write_bytes(b"LEFT")
+    (root / "right").write_bytes(b"RIGHT")
+    poll(lambda: read(m / "right"), b"RIGHT", VISIBLE_WITHIN)
+    assert read(m / "left") == b"LEFT"
+    fl = os.open(m / "left", os.O_RDWR)
+    fr = os.open(m / "right", os.O_RDWR)
+    try:
+        assert os.pread(fr, 16, 0) == b"RIGHT"
+        os.pwrite(fr, b"!", 5)
+        _exchange(root / "left", root / "right")
+        poll(lambda: read(m / "left"), b"RIGHT!", VISIBLE_WITHIN)
+        assert os.pread(fl, 16, 0) == b"LEFT"
+        assert os.pread(fr, 16, 0) == b"RIGHT!"
+        os.pwrite(fl, b"+", 4)
+        os.pwrite(fr, b"?", 6)
+    finally:
+        os.close(fl)
+        os.close(fr)
+    assert (root / "right").read_bytes() == b"LEFT+"
+    assert (root / "left").read_bytes() == b"RIGHT!?"
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 
