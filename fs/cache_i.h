@@ -139,6 +139,9 @@
 #define SILLY_PREFIX ".sbx-silly."
 /* How long an unlink waits for the RELEASE that follows a close. */
 #define RELEASE_WAIT_MS 100
+/* How long a link count waits for a hidden name's removal under way (one
+ * request, which ends sooner unless the sandbox is out of reach). */
+#define UNHIDE_WAIT_MS 5000
 /* How long the removal of a hidden name that said ENOENT waits for
  * renames through the mount under way, to try the path they leave. */
 #define RENAME_WAIT_MS 2000
@@ -323,8 +326,10 @@ struct cfile {
 	double dirty_since;         /* c->lock: when buf became non-empty */
 	bool on_dirty;              /* c->lock: on c->dirty */
 	struct cfile *dnext, *dprev;
-	/* Directory handles: a snapshot of the listing (owner only). */
+	/* Directory handles: a snapshot of the listing, taken by the first
+	 * READDIR at offset 0 (owner only). */
 	bool is_dir;
+	bool snapped;
 	char **names;
 	struct stat *sts;
 	struct cnode **nodes;
@@ -904,8 +909,10 @@ void list_prefetch(struct cache *c, struct cnode *dir);
 int list_walk(struct cache *c, const char *path,
 	      const struct sbx_bulk_opts *o);
 int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out);
-int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
-		 void *payload);
+/* Entries of d from cookie off; off 0 (or a first call) takes a new
+ * snapshot of the listing.  No lock held. */
+int list_readdir(struct cache *c, struct cfile *d, off_t off, unsigned flags,
+		 sbx_dirent_cb cb, void *payload);
 void list_closedir(struct cfile *d);
 
 /* ---- cache_ahead.c: c->lock held unless said ---------------------------- */

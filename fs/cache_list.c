@@ -290,6 +290,20 @@ static bool listing_usable(struct cache *c, struct cnode *n)
 	return true;
 }
 
+/* Drop a directory handle's snapshot. */
+static void snapshot_free(struct cfile *d)
+{
+	for (size_t i = 0; i < d->n; i++)
+		free(d->names[i]);
+	free(d->names);
+	free(d->sts);
+	free(d->nodes);
+	d->names = NULL;
+	d->sts = NULL;
+	d->nodes = NULL;
+	d->n = 0;
+}
+
 /* Fill a directory handle's snapshot from n's listing.  c->lock held. */
 static void snapshot_listing(struct cnode *n, struct cfile *d)
 {
@@ -297,6 +311,7 @@ static void snapshot_listing(struct cnode *n, struct cfile *d)
 	struct sbx_hashmap_iter it;
 	struct cnode *k;
 
+	snapshot_free(d);
 	d->names = sbx_xcalloc(cap, sizeof(*d->names));
 	d->sts = sbx_xcalloc(cap, sizeof(*d->sts));
 	d->nodes = sbx_xcalloc(cap, sizeof(*d->nodes));
@@ -318,14 +333,18 @@ static void snapshot_listing(struct cnode *n, struct cfile *d)
 	}
 	d->n = i;
 	d->dir_ino = n->st.st_ino;
+	d->snapped = true;
 }
 
-int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
+/*
+ * Make n's listing usable (pushing what readdirplus would report sizes
+ * of, relisting when not complete and fresh) and, with d, take d's
+ * snapshot of it.
+ */
+static int list_take(struct cache *c, struct cnode *n, struct cfile *d)
 {
-	struct cfile *d;
 	int rc;
 
-	*out = NULL;
 	/*
 	 * readdirplus hands the kernel every entry's size: push first.  A
 	 * push that fails keeps its bytes and its error for the file's owner
@@ -334,7 +353,7 @@ int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
 	 * push of another directory's file).
 	 */
 	if (wb_push_dir(c, n) < 0) {
-		sbx_debug("opendir: a push before listing failed: %s",
+		sbx_debug("listing: a push before it failed: %s",
 			  sbx_error_last()->msg);
 		sbx_error_clear();
 	}
@@ -348,49 +367,127 @@ int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
 			return rc;
 		cache_lock(c);
 	}
+	if (d)
+		snapshot_listing(n, d);
+	cache_unlock(c);
+	return 0;
+}
+
+/*
+ * opendir checks the directory can be listed now (its errors are
+ * opendir's); the snapshot is taken by the first READDIR at offset 0,
+ * and again by each later one (rewinddir).  Taken at opendir (before
+ * 2026-12-07), it was older than what the kernel stamps its listing
+ * cache with when it starts filling it (at the first READDIR): names
+ * made through the mount in between were missing from every later `ls`
+ * until the directory changed again (`git add -A` missed a new file),
+ * and names removed in between came back as dentries the kernel kept
+ * for 600 s (a create of one without O_EXCL said ENOENT); stress test,
+ * `test_fileops.py::test_listing_opened_before_a_change_shows_it`.
+ */
+int list_opendir(struct cache *c, struct cnode *n, struct sbx_file **out)
+{
+	struct cfile *d;
+	int rc;
+
+	*out = NULL;
+	rc = list_take(c, n, NULL);
+	if (rc < 0)
+		return rc;
 	d = wb_file_new(n, O_RDONLY);
 	d->is_dir = true;
-	snapshot_listing(n, d);
-	cache_unlock(c);
 	*out = (struct sbx_file *)d;
 	return 0;
 }
 
-int list_readdir(struct cfile *d, off_t off, unsigned flags, sbx_dirent_cb cb,
-		 void *payload)
+/*
+ * Entry i of d's snapshot as it stands now: between two READDIRs of one
+ * listing, a name may have been removed or renamed through the mount,
+ * and its node's attributes changed.  The name is still listed (POSIX
+ * leaves a name removed since the rewind unspecified) but without a node
+ * when the tree no longer holds it under that name as true, so the
+ * kernel makes no dentry of it (it kept one for 600 s: a create of the
+ * removed name said ENOENT); else with the node's attributes of now.
+ * c->lock held.
+ */
+static struct cnode *entry_now(struct cfile *d, size_t i, struct stat *st)
+{
+	struct cnode *k = d->nodes[i];
+
+	*st = d->sts[i];
+	if (!k)
+		return NULL;
+	if (k->orphan || k->parent != d->node || k->hidden ||
+	    k->slot != S_PRESENT || !k->name ||
+	    strcmp(k->name, d->names[i]) != 0 || !k->st_valid ||
+	    tree_file_dirty(k) || tree_file_unhiding(k))
+		return NULL;
+	*st = k->st;
+	st->st_nlink = tree_visible_nlink(k, k->st.st_nlink);
+	return k;
+}
+
+/* Entries checked against the tree per lock hold. */
+#define LIST_BATCH 64
+
+int list_readdir(struct cache *c, struct cfile *d, off_t off, unsigned flags,
+		 sbx_dirent_cb cb, void *payload)
 {
 	bool plus = flags & SBX_READDIR_PLUS;
+	struct stat sts[LIST_BATCH];
+	struct cnode *nodes[LIST_BATCH];
 
+	if (off == 0 || !d->snapped) {
+		int rc = list_take(c, d->node, d);
+
+		if (rc < 0)
+			return rc;
+	}
 	/* Cookies: 1 ".", 2 "..", then 3 + index. */
-	for (off_t i = off; i < (off_t)d->n + 2; i++) {
-		struct stat st;
-		struct sbx_node *node = NULL;
-		const char *name;
+	for (off_t i = off; i < (off_t)d->n + 2;) {
+		off_t first = i, last = i;
 
-		memset(&st, 0, sizeof(st));
-		if (i < 2) {
-			name = i == 0 ? "." : "..";
-			st.st_mode = S_IFDIR;
-			st.st_ino = i == 0 ? d->dir_ino : 1;
+		if (i >= 2 && plus) {
+			/* The next entries as they stand now. */
+			cache_lock(c);
+			for (; last < (off_t)d->n + 2 &&
+			       last - first < LIST_BATCH;
+			     last++)
+				nodes[last - first] = entry_now(
+					d, (size_t)(last - 2),
+					&sts[last - first]);
+			cache_unlock(c);
 		} else {
-			name = d->names[i - 2];
-			st = d->sts[i - 2];
-			if (plus)
-				node = (struct sbx_node *)d->nodes[i - 2];
+			last = i + 1;
 		}
-		if (cb(name, &st, node, i + 1, payload) != 0)
-			break;
+		for (; i < last; i++) {
+			struct stat st;
+			struct sbx_node *node = NULL;
+			const char *name;
+
+			memset(&st, 0, sizeof(st));
+			if (i < 2) {
+				name = i == 0 ? "." : "..";
+				st.st_mode = S_IFDIR;
+				st.st_ino = i == 0 ? d->dir_ino : 1;
+			} else if (plus) {
+				name = d->names[i - 2];
+				st = sts[i - first];
+				node = (struct sbx_node *)nodes[i - first];
+			} else {
+				name = d->names[i - 2];
+				st = d->sts[i - 2];
+			}
+			if (cb(name, &st, node, i + 1, payload) != 0)
+				return 0;
+		}
 	}
 	return 0;
 }
 
 void list_closedir(struct cfile *d)
 {
-	for (size_t i = 0; i < d->n; i++)
-		free(d->names[i]);
-	free(d->names);
-	free(d->sts);
-	free(d->nodes);
+	snapshot_free(d);
 	pthread_mutex_destroy(&d->wlock);
 	free(d);
 }

@@ -25,7 +25,7 @@ struct fs_file {
 	struct sbx_file *fh;
 	struct fs_inode *inode;
 	bool writer;
-	uint64_t entry_gen; /* directories: fs_entry_gen() at opendir */
+	uint64_t entry_gen; /* directories: fs_entry_gen() at the snapshot */
 };
 
 /* The virtual, read-only extended attributes of every path. */
@@ -795,7 +795,8 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 		fuse_reply_err(req, ENOSYS);
 		return;
 	}
-	/* The handle may hold a snapshot of the listing from now on. */
+	/* The handle may hold a snapshot of the listing from now on (the
+	 * cache takes it at the first READDIR, which moves this on). */
 	gen = fs_entry_gen(fs);
 	rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &dh);
 	if (rc < 0)
@@ -870,6 +871,10 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 	uint64_t gen = f ? f->entry_gen : fs_entry_gen(fs);
 	int rc;
 
+	/* At offset 0 the provider takes its snapshot of the listing anew
+	 * (rewinddir): changes before now are in it. */
+	if (off == 0 && f)
+		gen = f->entry_gen = fs_entry_gen(fs);
 	if (!dh) {
 		rc = fs->sb->ops->opendir(fs->sb, node_of(fs, ino), &tmp);
 		if (rc < 0)

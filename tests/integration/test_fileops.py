@@ -239,6 +239,81 @@ def test_unlink(sandbox, plain_dir):
     run_both(sandbox, plain_dir, scen)
 
 
+def test_listing_opened_before_a_change_shows_it(sandbox, plain_dir):
+    """A directory opened, then changed through the mount, then read: the
+    listing shows the change, later listings too, and a name removed in
+    between can be made again with O_CREAT alone.  (Remote, before
+    2026-12-07: the listing was the one of opendir; the kernel kept its
+    stale entries for every later `ls`, so `git add -A` missed a new file,
+    and the removed name came back as a dentry for 600 s: `: > f` said
+    ENOENT.  Stress test.)"""
+    def scen(d):
+        (d / "old").write_bytes(b"o")
+        (d / "gone").write_bytes(b"g")
+        os.listdir(d)
+        os.stat(d / "gone")
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            (d / "new").write_bytes(b"n")
+            os.unlink(d / "gone")
+            obs = [sorted(os.listdir(fd))]
+            obs.append(sorted(os.listdir(d)))
+            obs.append(subprocess.run(["ls", str(d)], capture_output=True,
+                                      text=True).stdout.split())
+            obs.append(os.path.lexists(d / "gone"))
+            # O_CREAT without O_EXCL, as a shell's `>` does
+            obs.append(attempt(write_file, d / "gone", b"again"))
+            obs.append(read_bytes(d / "gone"))
+            # rewinddir (os.listdir of the descriptor starts from 0):
+            # what changed since the first reading shows
+            os.unlink(d / "old")
+            (d / "newer").write_bytes(b"m")
+            obs.append(sorted(os.listdir(fd)))
+        finally:
+            os.close(fd)
+        return obs
+
+    run_both(sandbox, plain_dir, scen)
+
+
+def test_long_listing_read_across_removals(sandbox, plain_dir):
+    """A listing read in many chunks, names of it removed through the mount
+    between two of them: no removed name is left as a dentry (stat says
+    ENOENT, a create with O_CREAT alone works), and the next listing is
+    exact."""
+    # Long names: more than one getdents() of glibc's 32 KiB, so the
+    # removals fall between two READDIRs of the listing.
+    names = [f"e{i:04d}" + "x" * 120 for i in range(600)]
+    gone = names[::7]
+
+    def scen(d):
+        for n in names:
+            (d / n).write_bytes(b"x")
+        # (No listing before: the kernel would serve this one from its
+        # listing cache, asking nothing.)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            it = os.scandir(fd)
+            next(it)
+            for n in gone:
+                os.unlink(d / n)
+            # stat as `ls -l` does: the kernel then asks for the next
+            # chunks with attributes (readdirplus), which make dentries
+            for e in it:
+                attempt(os.lstat, d / e.name)
+            it.close()
+        finally:
+            os.close(fd)
+        # (indices: the names are long)
+        obs = [[names.index(n) for n in gone if os.path.lexists(d / n)]]
+        obs.append([names.index(n) for n in gone
+                    if err_of(write_file, d / n, b"y") != "ok"])
+        obs.append(len(os.listdir(d)))
+        return obs
+
+    run_both(sandbox, plain_dir, scen)
+
+
 def test_unlink_open_file_after_child_exec(sandbox, plain_dir):
     """A child that execs closes its copies of our descriptors (the kernel
     sends FLUSH for them): our descriptor must still keep the file alive."""

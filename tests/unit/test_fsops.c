@@ -760,7 +760,9 @@ static void *readdir_main(void *arg)
 {
 	struct readdir_call *r = arg;
 
-	fs_ops.readdirplus(req(r->e), FUSE_ROOT_ID, 64 * sizeof(struct rec), 0,
+	/* The listing's second READDIR (its snapshot was taken by the
+	 * first, at offset 0): after ".", "..". */
+	fs_ops.readdirplus(req(r->e), FUSE_ROOT_ID, 64 * sizeof(struct rec), 2,
 			   &r->fi);
 	pthread_mutex_lock(&r->lock);
 	r->done = true;
@@ -771,7 +773,7 @@ static void *readdir_main(void *arg)
 
 /*
  * A listing answered while the directory changed a lot (more changes than
- * FS_RECENT_ENTRIES since its opendir): the invalidations that follow the
+ * FS_RECENT_ENTRIES since its snapshot): the invalidations that follow the
  * reply are sent by the replay thread, and the READDIR handler returns
  * while they wait for the directory (stress test: sent by the workers,
  * they all waited there while a process listing the directory held its
@@ -792,6 +794,9 @@ static void test_readdir_replay_does_not_hold_the_worker(void **state)
 	fs_ops.opendir(req(e), FUSE_ROOT_ID, &r.fi);
 	assert_int_equal(e->req.kind, R_OPEN);
 	r.fi = e->req.fi;
+	fs_ops.readdirplus(req(e), FUSE_ROOT_ID, 64 * sizeof(struct rec), 0,
+			   &r.fi);
+	assert_int_equal(e->req.kind, R_BUF);
 	/* Changes behind the mount, more than the recent ones kept. */
 	for (int i = 0; i < FS_RECENT_ENTRIES + 10; i++) {
 		char name[32];
