@@ -1103,7 +1103,9 @@ int wb_held_error(struct cache *c, struct cfile *f)
 int wb_release(struct cache *c, struct cfile *f)
 {
 	int rc = wb_push(c, f);
+	struct stat gone;
 
+	memset(&gone, 0, sizeof(gone));
 	if (rc < 0) {
 		char why[512];
 
@@ -1133,9 +1135,20 @@ int wb_release(struct cache *c, struct cfile *f)
 			img_forget(f);
 			dirty_del(c, f);
 			written(c, f->node, NULL);
+			/*
+			 * The kernel's size and times count the dropped
+			 * bytes (it extends a file on write): ask the sandbox
+			 * again (stat said 16 TiB for a file left empty by a
+			 * write EFBIG refused; stress test).
+			 */
+			tree_invalidate_file(f->node);
+			c->events++;
+			gone = f->node->st;
 		}
 		cache_unlock(c);
 		pthread_mutex_unlock(&f->wlock);
+		if (gone.st_ino)
+			change_notify_attr(c, &gone);
 	}
 	if (wb_held_error(c, f) < 0) {
 		char *p;

@@ -738,6 +738,34 @@ def test_files_exchanged_in_the_sandbox_keep_their_descriptors(sandbox):
     assert (root / "left").read_bytes() == b"RIGHT!?"
 
 
+def test_write_past_the_largest_file_fails_at_fsync_not_stat(sandbox):
+    """A write past the largest file the sandbox's file system allows
+    (ext4: 16 TiB) is accepted here -- writes are sent at close or fsync --
+    and fsync() says EFBIG; stat() and fstat() meanwhile answer the
+    sandbox's attributes (they said EFBIG, not a stat error, before
+    2026-12-07: stress test)."""
+    p = sandbox.mnt / "huge"
+    p.write_bytes(b"hello")
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"x", 16 << 40)
+        assert os.fstat(fd).st_size >= 5
+        assert os.stat(p).st_size >= 5
+        with pytest.raises(OSError) as ei:
+            os.fsync(fd)
+        assert ei.value.errno == errno.EFBIG
+        assert os.fstat(fd).st_size >= 5
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    # The bytes are dropped at the last close's RELEASE, which the kernel
+    # does not wait for; then the size is the sandbox's again.
+    poll(lambda: os.stat(p).st_size, 5, VISIBLE_WITHIN)
+    assert p.read_bytes() == b"hello"
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 
