@@ -1787,6 +1787,65 @@ static void test_count_kept_during_hidden_removal(void **state)
 	e->ops->forget(e->cache, d);
 }
 
+struct open_call {
+	struct tc_env *e;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	int rc;
+};
+
+static void *open_main(void *arg)
+{
+	struct open_call *o = arg;
+
+	o->rc = tc_open(o->e, o->n, O_RDWR, &o->fh);
+	return NULL;
+}
+
+/*
+ * The same file of three names, one hidden: an open's look at the file
+ * (the stream unhealthy) takes the count while the hidden name is still
+ * there, and the hidden name's removal lands and ends before the open
+ * keeps it.  Kept, a stat right after took nothing off (the name is gone)
+ * and said 3 links for 2 (random tester, seed 367681880).
+ */
+static void test_open_keeps_no_count_across_hidden_removal(void **state)
+{
+	struct tc_env *e = *state;
+	struct open_call o = { .e = e };
+	struct sbx_node *d, *b;
+	struct sbx_file *fb;
+	struct stat st;
+	pthread_t t;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d/a", "data", 4), 0);
+	assert_int_equal(pmem_ext_link(e->mem, "d/a", "d/b"), 0);
+	assert_int_equal(pmem_ext_link(e->mem, "d/a", "d/c"), 0);
+	tc_settle(e);
+	d = tc_walk_path(e->cache, "d", false, &st);
+	o.n = tc_walk_path(e->cache, "d/a", false, &st);
+	b = tc_walk_path(e->cache, "d/b", false, &st);
+	assert_int_equal(tc_open(e, b, O_RDONLY, &fb), 0);
+	assert_int_equal(e->ops->unlink(e->cache, d, "b"), 0);
+	tc_settle(e);
+	pmem_set_healthy(e->mem, false);
+	assert_int_equal(pmem_gate_arm_after(e->mem, "getattr", "d/a"), 0);
+	assert_int_equal(pthread_create(&t, NULL, open_main, &o), 0);
+	assert_int_equal(pmem_gate_wait(e->mem, 5000), 0);
+	assert_int_equal(tc_close(e, fb), 0); /* removes the hidden name */
+	pmem_gate_release(e->mem);
+	pthread_join(t, NULL);
+	assert_int_equal(o.rc, 0);
+	pmem_set_healthy(e->mem, true);
+	assert_int_equal(e->ops->getattr(e->cache, o.n, NULL, &st), 0);
+	assert_int_equal(st.st_nlink, 2);
+	assert_int_equal(tc_close(e, o.fh), 0);
+	e->ops->forget(e->cache, b);
+	e->ops->forget(e->cache, o.n);
+	e->ops->forget(e->cache, d);
+}
+
 struct close_on_walk {
 	struct tc_env *e;
 	struct sbx_file *fh;
@@ -3479,6 +3538,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_count_kept_during_hidden_removal, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_keeps_no_count_across_hidden_removal, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_walk_across_hidden_removal_keeps_no_count, setup,
