@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,15 +96,41 @@ static int stat_path(struct premote_sandbox *s, const char *path,
  * (caller deletes).  An op's own error comes back as its errno with the
  * agent's message.
  */
+/*
+ * The protocol carries paths of at most PATH_MAX - 1 bytes (the agent
+ * refused longer ones as a bad request, which said EINVAL: `mkdir` deep
+ * in a tree, stress test); a local disk would say ENAMETOOLONG for such
+ * a path given whole, so that is said here.
+ */
+static int op_paths_fit(const struct sbx_batch_op *op)
+{
+	const char *p = op->path && strlen(op->path) >= PATH_MAX ? op->path
+		      : op->newpath && strlen(op->newpath) >= PATH_MAX
+			      ? op->newpath
+			      : NULL;
+
+	if (!p)
+		return 0;
+	return sbx_error_set(SBX_ERR_REMOTE, -ENAMETOOLONG,
+			     "%s: the path in the sandbox is %zu bytes long; "
+			     "the remote protocol carries at most %d",
+			     sbx_batch_kind_name(op->kind), strlen(p),
+			     PATH_MAX - 1);
+}
+
 int premote_batch1(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		  cJSON **res)
 {
-	cJSON *req = sbx_batch_encode(op, 1, false), *ans = NULL, *r = NULL;
+	cJSON *req, *ans = NULL, *r = NULL;
 	char ctx[300];
 	int rc;
 
 	if (res)
 		*res = NULL;
+	rc = op_paths_fit(op);
+	if (rc < 0)
+		return rc;
+	req = sbx_batch_encode(op, 1, false);
 	snprintf(ctx, sizeof(ctx), "%s %s", sbx_batch_kind_name(op->kind),
 		 op->path ? op->path : "");
 	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
@@ -152,6 +179,9 @@ static int batch_side(struct premote_sandbox *s, const struct sbx_batch_op *op,
 		return premote_batch1(s, op, res);
 	if (res)
 		*res = NULL;
+	rc = op_paths_fit(op);
+	if (rc < 0)
+		return rc;
 	ops[n] = (struct sbx_batch_op){ .kind = SBX_BATCH_STAT,
 					.path = (char *)dir };
 	dst[n] = &side->dir;

@@ -766,6 +766,35 @@ def test_write_past_the_largest_file_fails_at_fsync_not_stat(sandbox):
     assert p.read_bytes() == b"hello"
 
 
+def test_entry_beyond_the_longest_path_says_enametoolong(sandbox):
+    """A tree made deeper than PATH_MAX through directory descriptors:
+    the remote protocol carries paths of at most PATH_MAX - 1 bytes, so
+    an entry made below that depth says ENAMETOOLONG, as a local disk
+    says for such a path given whole (it said EINVAL, the agent's answer
+    to a bad request; stress test)."""
+    fd = os.open(sandbox.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    comp = "e" * 99
+    depth, failed = 0, None
+    try:
+        for _ in range(60):
+            try:
+                os.mkdir(comp, dir_fd=fd)
+            except OSError as e:
+                failed = e.errno
+                break
+            nfd = os.open(comp, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            depth += 1
+        assert failed == errno.ENAMETOOLONG, (depth, failed)
+        assert depth * (len(comp) + 1) >= 4096 - 100
+        with pytest.raises(OSError) as ei:
+            os.close(os.open("f" * 99, os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        assert ei.value.errno == errno.ENAMETOOLONG
+    finally:
+        os.close(fd)
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 
