@@ -76,17 +76,25 @@ static cJSON *list_entries(DIR *d, const char *what, int *rc_out)
 	struct dirent *e;
 
 	*rc_out = 0;
-	errno = 0;
-	while ((e = readdir(d))) {
+	/*
+	 * readdir() leaves errno alone at the end: it must be 0 before each
+	 * call, or an entry removed meanwhile (its fstatat's ENOENT) failed
+	 * the whole listing with ENOENT at the end (random tester, seed
+	 * 811804466: a listing raced a hidden name's removal).
+	 */
+	for (;;) {
 		struct stat st;
 
+		errno = 0;
+		e = readdir(d);
+		if (!e)
+			break;
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue; /* removed meanwhile */
 		cJSON_AddItemToArray(arr,
 				     sbx_proto_entry_encode(e->d_name, &st));
-		errno = 0;
 	}
 	if (errno) {
 		*rc_out = sbx_error_os("list %s", what);

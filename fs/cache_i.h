@@ -809,6 +809,10 @@ void wb_io_end(struct cache *c, struct cache_io *io);
  */
 int wb_push(struct cache *c, struct cfile *f);
 
+/* An error that the sandbox answering again may clear: an outage's
+ * (cache_silly.c). */
+bool cache_outage_error(int rc);
+
 /* n's path now (malloc'd), or NULL when it has none.  No lock held. */
 char *wb_path_now(struct cache *c, struct cnode *n);
 
@@ -818,11 +822,15 @@ char *wb_path_now(struct cache *c, struct cnode *n);
 /*
  * An I/O of n through path `before` (taken just before it, with
  * wb_path_now) said `rc`.  ENOENT or ESTALE may say the file was renamed
- * in the sandbox and the event that moves its node (follow_move_locked)
- * is still on its way: catch up with the change stream (a barrier) and
- * say whether the node's path changed meanwhile, when the I/O is worth
- * sending again (churn test, test_remote.py: an fsync right after a
- * rename in the sandbox said ENOENT).  Try number `tries` (from 0), at
+ * through the mount by a call still under way (the tree moves the node
+ * when it ends: wait for such calls, at most RENAME_WAIT_MS; stress test:
+ * fstat and pread of a descriptor said ESTALE/ENOENT while another
+ * thread renamed the file), or renamed in the sandbox with the event that
+ * moves its node (follow_move_locked) still on its way: catch up with the
+ * change stream (a barrier).  Then say whether the node's path changed
+ * meanwhile, when the I/O is worth sending again (churn test,
+ * test_remote.py: an fsync right after a rename in the sandbox said
+ * ENOENT).  Try number `tries` (from 0), at
  * most WB_MOVED_TRIES.  Keeps the I/O's error as the last one when not.
  * Frees `before`.  No lock held, nor any f->wlock (the barrier waits for
  * events, whose invalidations may need a write of ours).

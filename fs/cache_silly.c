@@ -50,7 +50,7 @@ static bool outcome_unknown(int rc)
 /* An error that the sandbox answering again may clear: an outage's.  A
  * refusal (EACCES, EROFS...) is not retried by the flusher: it would be
  * asked again every SILLY_RETRY_S for the daemon's life. */
-static bool outage_error(int rc)
+bool cache_outage_error(int rc)
 {
 	return outcome_unknown(rc) || rc == -ENOTCONN ||
 	       rc == -ECONNREFUSED || rc == -EHOSTUNREACH ||
@@ -200,11 +200,11 @@ static bool unlink_hidden_locked(struct cache *c, struct cnode *n)
 			 "removed at the file's next close, its directory's "
 			 "removal%s", dir ? dir : "?", name,
 			 sbx_error_last()->msg,
-			 outage_error(rc) ? ", or once the sandbox answers"
+			 cache_outage_error(rc) ? ", or once the sandbox answers"
 					  : "");
 		sbx_error_clear();
 		kept = dir != NULL; /* not when its directory is gone */
-		retry = kept && outage_error(rc);
+		retry = kept && cache_outage_error(rc);
 	}
 	free(dir);
 	free(name);
@@ -335,7 +335,7 @@ static bool ghost_sweep_one_locked(struct cache *c, struct ghost *g)
 
 	g->busy = false;
 	if (rc < 0) {
-		if (outage_error(rc))
+		if (cache_outage_error(rc))
 			silly_left_locked(c);
 		return false;
 	}
@@ -704,13 +704,13 @@ void silly_final_sweep(struct cache *c)
 	cache_lock(c);
 	/* The names lost renames may have made, of open files too (a
 	 * refusal is this name's alone)... */
-	while (!outage_error(rc) && (g = c->ghosts)) {
+	while (!cache_outage_error(rc) && (g = c->ghosts)) {
 		g->busy = true;
 		rc = ghost_remove_locked(c, g);
 		ghost_drop(c, g);
 	}
 	/* ...and every hidden name. */
-	if (!outage_error(rc))
+	if (!cache_outage_error(rc))
 		collect_left(&c->root, &v, &n, &cap);
 	for (size_t i = 0; i < n; i++) {
 		struct cnode *k = v[i];
@@ -735,7 +735,7 @@ void silly_final_sweep(struct cache *c)
 		cache_lock(c);
 		/* The sandbox out of reach: do not wait for each of the
 		 * others in turn.  (A refusal is this name's alone.) */
-		if (outage_error(rc))
+		if (cache_outage_error(rc))
 			break;
 	}
 	cache_unlock(c);

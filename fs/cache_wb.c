@@ -696,16 +696,29 @@ bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
 	char *now = NULL;
 	bool again = false;
 
-	/* (Only a healthy stream can say where the file went.) */
 	if ((rc == -ENOENT || rc == -ESTALE) && before &&
-	    tries < WB_MOVED_TRIES && cache_healthy(c) &&
-	    change_watch_sync(c) == 0) {
-		now = wb_path_now(c, n);
+	    tries < WB_MOVED_TRIES) {
+		struct timespec until;
+
+		/* Renames through the mount move the node as they end. */
+		cache_lock(c);
+		cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);
+		while (c->renames_out &&
+		       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+			;
+		now = tree_path_of(n);
+		cache_unlock(c);
 		again = now && strcmp(now, before) != 0;
+		/* (Only a healthy stream can say where the file went.) */
+		if (!again && cache_healthy(c) && change_watch_sync(c) == 0) {
+			free(now);
+			now = wb_path_now(c, n);
+			again = now && strcmp(now, before) != 0;
+		}
 	}
 	if (again)
-		sbx_debug("'%s' is '%s' now (renamed in the sandbox): pushing "
-			  "there", before, now);
+		sbx_debug("'%s' is '%s' now (renamed): sending there", before,
+			  now);
 	else if (rc < 0 && failed.code == rc)
 		(void)sbx_error_restore(&failed);
 	free(before);

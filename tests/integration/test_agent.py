@@ -397,6 +397,38 @@ def test_stat_list_read(cl, agent):
     assert err["errno"] == "EINVAL"
 
 
+def test_list_while_entries_go(cl, agent):
+    """A listing taken while entries of the directory are removed skips
+    them and succeeds (an entry removed after readdir() saw it, when no
+    entry came after it, failed the whole listing with ENOENT: readdir()
+    leaves errno alone at the end; random tester, seed 811804466)."""
+    root = Path(agent.root)
+    d = root / "churn"
+    d.mkdir()
+    stop = threading.Event()
+
+    def churn():
+        i = 0
+        while not stop.is_set():
+            p = d / f"f{i % 4}"
+            p.write_bytes(b"x")
+            p.unlink()
+            i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    failed = []
+    try:
+        for _ in range(400):
+            st, _, data = cl.raw("GET", "/v1/fs/list?path=churn")
+            if st != 200:
+                failed.append(json.loads(data)["error"]["errno"])
+    finally:
+        stop.set()
+        t.join()
+    assert failed == []
+
+
 def test_write(cl, agent):
     root = Path(agent.root)
     (root / "w").write_bytes(b"0123456789")

@@ -795,6 +795,55 @@ def test_entry_beyond_the_longest_path_says_enametoolong(sandbox):
         os.close(fd)
 
 
+def test_descriptor_reads_while_the_file_is_renamed_through_the_mount(sandbox):
+    """One thread writes through a descriptor (buffered) and renames the
+    file back and forth through the mount; another fstat()s and pread()s
+    a second descriptor of it.  On a local disk neither ever fails; here
+    they said ESTALE and ENOENT when their request met the file's old
+    path before the rename's end moved it (stress test: 13-26 errors in
+    20 s).  Now they wait for the rename and ask where the file is."""
+    d = sandbox.mnt / "rfs"
+    d.mkdir()
+    a, b = d / "a", d / "b"
+    fd1 = os.open(a, os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd1, b"0" * 4096)
+    fd2 = os.open(a, os.O_RDONLY)
+    stop = threading.Event()
+    errs, last = [], {"i": 0, "at": a}
+
+    def writer():
+        i, cur = 0, a
+        while not stop.is_set():
+            i += 1
+            os.pwrite(fd1, b"%08d" % i * 512, 0)
+            nxt = b if cur == a else a
+            os.rename(cur, nxt)
+            cur = nxt
+            last.update(i=i, at=cur)
+
+    def reader():
+        while not stop.is_set():
+            for op in (lambda: os.fstat(fd2), lambda: os.pread(fd2, 4096, 0)):
+                try:
+                    op()
+                except OSError as e:
+                    errs.append(errno.errorcode[e.errno])
+
+    ts = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in ts:
+        t.start()
+    time.sleep(4)
+    stop.set()
+    for t in ts:
+        t.join()
+    os.fsync(fd1)
+    os.close(fd1)
+    os.close(fd2)
+    assert errs == []
+    root = sandbox.worktree / "rfs" / last["at"].name
+    assert root.read_bytes() == b"%08d" % last["i"] * 512
+
+
 # -- the agent killed and restarted ---------------------------------------------------
 
 

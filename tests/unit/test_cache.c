@@ -1846,6 +1846,96 @@ static void test_open_keeps_no_count_across_hidden_removal(void **state)
 	e->ops->forget(e->cache, d);
 }
 
+struct move_on_call {
+	struct tc_env *e;
+	const char *from, *to; /* the rename to make, once */
+	bool done;
+};
+
+/*
+ * At the first call of the provider about `from` (the cache's stat or
+ * read of it is on its way): the file is renamed in the sandbox first.
+ */
+static void move_on_call_hook(const char *op, const char *path,
+			      void *payload)
+{
+	struct move_on_call *m = payload;
+
+	(void)op;
+	if (m->done || !path || strcmp(path, m->from) != 0)
+		return;
+	m->done = true;
+	assert_int_equal(pmem_ext_rename(m->e->mem, m->from, m->to, 0), 0);
+}
+
+/*
+ * A stat and a read of an open file whose request meets the file renamed
+ * away (in the sandbox here; a rename through the mount under way is the
+ * other case): they go again where it went, as pushes and fsync do (the
+ * stress test saw fstat say ESTALE and pread ENOENT while another thread
+ * renamed the file through the mount).
+ */
+static void test_stat_and_read_go_where_the_file_went(void **state)
+{
+	struct tc_env *e = *state;
+	struct move_on_call m = { .e = e };
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDONLY, &fh), 0);
+	/* Attributes and content the cache must ask for again. */
+	assert_int_equal(pmem_ext_pwrite(e->mem, "f", "DATA", 4, 0), 0);
+	tc_settle(e);
+	m.from = "f";
+	m.to = "g";
+	pmem_set_hook(e->mem, move_on_call_hook, &m);
+	assert_int_equal(e->ops->getattr(e->cache, n, NULL, &st), 0);
+	assert_true(m.done);
+	assert_int_equal(st.st_size, 4);
+	assert_int_equal(pmem_ext_pwrite(e->mem, "g", "Data", 4, 0), 0);
+	tc_settle(e);
+	m.from = "g";
+	m.to = "h";
+	m.done = false;
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 4);
+	assert_true(m.done);
+	assert_memory_equal(buf, "Data", 4);
+	pmem_set_hook(e->mem, NULL, NULL);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, n);
+}
+
+/*
+ * The exec barrier (syncfs) with a file whose buffered bytes the sandbox
+ * refuses (removed there): the barrier passes, the owner's close() says
+ * it (the stress test saw `sbx exec` fail before its command ran when
+ * another process's file was renamed while its push was out).
+ */
+static void test_barrier_is_not_a_refused_file_to_fail(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct sbx_file *fh;
+	struct stat st;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "data", 4), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDWR, &fh), 0);
+	assert_int_equal(e->ops->write(e->cache, fh, "DATA", 4, 0), 4);
+	assert_int_equal(pmem_ext_unlink(e->mem, "f"), 0);
+	tc_settle(e);
+	assert_int_equal(e->ops->syncfs(e->cache), 0);
+	assert_true(tc_close(e, fh) < 0);
+	sbx_error_clear();
+	e->ops->forget(e->cache, n);
+}
+
 struct close_on_walk {
 	struct tc_env *e;
 	struct sbx_file *fh;
@@ -3538,6 +3628,12 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_count_kept_during_hidden_removal, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_barrier_is_not_a_refused_file_to_fail, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_stat_and_read_go_where_the_file_went, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_open_keeps_no_count_across_hidden_removal, setup,
