@@ -243,6 +243,9 @@ static int unreachable(int rc, const struct premote_config *cfg)
 	char msg[sizeof(e->msg)];
 	const char *m = strstr(e->msg, ": ");
 
+	/* Said so already by the transport (no "is it running?" twice). */
+	if (strstr(e->msg, "cannot reach sbx-agent"))
+		return rc;
 	snprintf(msg, sizeof(msg), "%s", m ? m + 2 : e->msg);
 	return sbx_error_setd(SBX_ERR_HTTP, rc, e->detail,
 			      "cannot reach sbx-agent at %s: %s; is it "

@@ -426,6 +426,9 @@ static void test_unreachable(void **state)
 	assert_non_null(strstr(sbx_error_last()->msg,
 			       "cannot reach sbx-agent at http://127.0.0.1"));
 	assert_non_null(strstr(sbx_error_last()->msg, "is it running?"));
+	/* Said once (the transport's words were wrapped again). */
+	assert_null(strstr(strstr(sbx_error_last()->msg, "is it running?") + 1,
+			   "is it running?"));
 	assert_null(strstr(sbx_error_last()->msg, "tok"));
 	assert_int_equal(p->ops->open(p, "s1", &sb), -ECONNREFUSED);
 	assert_null(sb);
