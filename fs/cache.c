@@ -458,6 +458,7 @@ static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct stat fst;
 	char *path;
 	bool named;
+	unsigned long moves;
 	int rc, tries = 0, moved = 0;
 
 	(void)fh;
@@ -498,6 +499,7 @@ again:
 	unhides = tree_file_unhides(n);
 	unhides_all = c->unhides_all;
 	named = tree_name_of(n)->slot == S_PRESENT;
+	moves = c->moves;
 	path = cache_unlock_path(c, tree_path_of(n), &gen, "file");
 	if (!path)
 		return open_removed_or(c, n, false, st, -ESTALE);
@@ -505,7 +507,7 @@ again:
 	if (rc < 0) {
 		/* Renamed meanwhile (through the mount or in the sandbox):
 		 * ask where it went (frees path). */
-		if (wb_io_again(c, n, path, rc, moved++))
+		if (wb_io_again(c, n, path, moves, rc, moved++))
 			goto again;
 		return open_removed_or(c, n, named, st,
 				       cache_stale_or(c, n, rc));
@@ -979,14 +981,15 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 	/* A rename through the mount or in the sandbox may move the file
 	 * while the read is out: read again where it went (wb_io_again). */
 	for (int moved = 0;; moved++) {
-		char *before = wb_path_now(c, n);
+		unsigned long moves;
+		char *before = wb_path_now(c, n, &moves);
 
 		got = read_through(c, f, buf, size, off, whole, fsize, gen);
 		if (got >= 0) {
 			free(before);
 			return got;
 		}
-		if (!wb_io_again(c, n, before, (int)got, moved))
+		if (!wb_io_again(c, n, before, moves, (int)got, moved))
 			return got;
 	}
 }
@@ -1050,14 +1053,15 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 	/* msync write-back may have come through another open file. */
 	rc = wb_push_node(c, f->node);
 	for (int tries = 0; rc == 0; tries++) {
-		char *before = wb_path_now(c, f->node);
+		unsigned long moves;
+		char *before = wb_path_now(c, f->node, &moves);
 
 		rc = wb_io_begin(c, f, &io);
 		if (rc == 0) {
 			rc = c->inner->ops->fsync(c->inner, io.fh, datasync);
 			wb_io_end(c, &io);
 		}
-		if (!wb_io_again(c, f->node, before, rc, tries))
+		if (!wb_io_again(c, f->node, before, moves, rc, tries))
 			break;
 		rc = 0;
 	}

@@ -312,6 +312,16 @@ int entry_rmdir(struct sbx_sandbox *sb, struct sbx_node *parent,
 	return remove_entry(CACHE(sb), CNODE(parent), name, true);
 }
 
+void cache_wait_renames_locked(struct cache *c)
+{
+	struct timespec until;
+
+	cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);
+	while (c->renames_out &&
+	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
+}
+
 /* A rename counted in c->renames_out is over, the tree as it left it. */
 static void renames_out_done(struct cache *c, unsigned flags)
 {

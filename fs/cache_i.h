@@ -404,6 +404,10 @@ struct cache {
 	 */
 	struct cnode *displaced;
 	char *displaced_path;
+	/* Renames applied to the tree, ours and followed ones (tree_rename,
+	 * tree_unorphan): an I/O that met a path its file had left may
+	 * find it back at that path after two (wb_io_again). */
+	unsigned long moves;
 	/*
 	 * Hidden names that silly renames whose answer was lost may have
 	 * made (the sandbox out of reach: it may or may not have done
@@ -809,12 +813,17 @@ void wb_io_end(struct cache *c, struct cache_io *io);
  */
 int wb_push(struct cache *c, struct cfile *f);
 
+/* Wait until no rename through the mount is under way (c->renames_out),
+ * at most RENAME_WAIT_MS.  c->lock held (dropped while waiting). */
+void cache_wait_renames_locked(struct cache *c);
+
 /* An error that the sandbox answering again may clear: an outage's
  * (cache_silly.c). */
 bool cache_outage_error(int rc);
 
-/* n's path now (malloc'd), or NULL when it has none.  No lock held. */
-char *wb_path_now(struct cache *c, struct cnode *n);
+/* n's path now (malloc'd), or NULL when it has none, and c->moves then
+ * in *moves.  No lock held. */
+char *wb_path_now(struct cache *c, struct cnode *n, unsigned long *moves);
 
 /* Tries of an I/O whose file keeps moving in the sandbox, at most. */
 #define WB_MOVED_TRIES 8
@@ -830,13 +839,15 @@ char *wb_path_now(struct cache *c, struct cnode *n);
  * change stream (a barrier).  Then say whether the node's path changed
  * meanwhile, when the I/O is worth sending again (churn test,
  * test_remote.py: an fsync right after a rename in the sandbox said
- * ENOENT).  Try number `tries` (from 0), at
+ * ENOENT), or any rename was applied since `moves` (c->moves when
+ * `before` was taken: renamed a -> b -> a meanwhile, the path is the same
+ * and the I/O worth sending again).  Try number `tries` (from 0), at
  * most WB_MOVED_TRIES.  Keeps the I/O's error as the last one when not.
  * Frees `before`.  No lock held, nor any f->wlock (the barrier waits for
  * events, whose invalidations may need a write of ours).
  */
-bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
-		 int tries);
+bool wb_io_again(struct cache *c, struct cnode *n, char *before,
+		 unsigned long moves, int rc, int tries);
 /*
  * Push f's buffered bytes and do `then` (fsync, or a setattr of the file)
  * in one exchange (the wrapped sandbox's write_then).  1: pushed and

@@ -133,16 +133,12 @@ static int unlink_where_it_is(struct cache *c, const struct cnode *d,
 {
 	for (int tries = 0;; tries++) {
 		int rc = unlink_in_sandbox(c, *dir, name);
-		struct timespec until;
 		char *now;
 
 		if ((rc != -ENOENT && rc != -ENOTDIR) || !*dir || tries == 3)
 			return rc;
 		cache_lock(c);
-		cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);
-		while (c->renames_out &&
-		       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
-			;
+		cache_wait_renames_locked(c);
 		now = tree_path_of(d);
 		cache_unlock(c);
 		if (!now || strcmp(now, *dir) == 0) {

@@ -514,6 +514,7 @@ struct cnode *tree_rename(struct cache *c, struct cnode *from,
 	k = tree_kid_get(from, old);
 	k->slot = S_ABSENT;
 	k->own_gen = c->events;
+	c->moves++;
 	free(old);
 	return a;
 }
@@ -543,6 +544,7 @@ void tree_unorphan(struct cache *c, struct cnode *k, struct cnode *dir,
 	if (old)
 		tree_orphan(c, old);
 	tree_kid_move(k, dir, name);
+	c->moves++;
 	/* tree_mark_gone_dir() zeroed a directory's count. */
 	k->gone_dir = false;
 	k->st_valid = false;

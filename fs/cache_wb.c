@@ -679,18 +679,19 @@ bool wb_defer_setattr(struct cache *c, struct cnode *n, const struct stat *in,
 	return done;
 }
 
-char *wb_path_now(struct cache *c, struct cnode *n)
+char *wb_path_now(struct cache *c, struct cnode *n, unsigned long *moves)
 {
 	char *p;
 
 	cache_lock(c);
 	p = tree_path_of(n);
+	*moves = c->moves;
 	cache_unlock(c);
 	return p;
 }
 
-bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
-		 int tries)
+bool wb_io_again(struct cache *c, struct cnode *n, char *before,
+		 unsigned long moves, int rc, int tries)
 {
 	struct sbx_error failed = *sbx_error_last();
 	char *now = NULL;
@@ -698,22 +699,20 @@ bool wb_io_again(struct cache *c, struct cnode *n, char *before, int rc,
 
 	if ((rc == -ENOENT || rc == -ESTALE) && before &&
 	    tries < WB_MOVED_TRIES) {
-		struct timespec until;
+		unsigned long m;
 
 		/* Renames through the mount move the node as they end. */
 		cache_lock(c);
-		cache_deadline_in(&until, CLOCK_REALTIME, RENAME_WAIT_MS);
-		while (c->renames_out &&
-		       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
-			;
+		cache_wait_renames_locked(c);
 		now = tree_path_of(n);
+		m = c->moves;
 		cache_unlock(c);
-		again = now && strcmp(now, before) != 0;
+		again = now && (strcmp(now, before) != 0 || m != moves);
 		/* (Only a healthy stream can say where the file went.) */
 		if (!again && cache_healthy(c) && change_watch_sync(c) == 0) {
 			free(now);
-			now = wb_path_now(c, n);
-			again = now && strcmp(now, before) != 0;
+			now = wb_path_now(c, n, &m);
+			again = now && (strcmp(now, before) != 0 || m != moves);
 		}
 	}
 	if (again)
@@ -733,7 +732,8 @@ int wb_push_then(struct cache *c, struct cfile *f,
 	int rc = 0;
 
 	for (int tries = 0;; tries++) {
-		char *before = wb_path_now(c, f->node);
+		unsigned long moves;
+		char *before = wb_path_now(c, f->node, &moves);
 
 		*pushed = false;
 		rc = 0;
@@ -743,7 +743,7 @@ int wb_push_then(struct cache *c, struct cfile *f,
 		if (!f->pset_valid)
 			rc = then_locked(c, f, then, st, pushed);
 		pthread_mutex_unlock(&f->wlock);
-		if (!wb_io_again(c, f->node, before, rc, tries))
+		if (!wb_io_again(c, f->node, before, moves, rc, tries))
 			return rc;
 	}
 }
@@ -773,13 +773,14 @@ int wb_push_node_then(struct cache *c, struct cnode *n,
 int wb_push(struct cache *c, struct cfile *f)
 {
 	for (int tries = 0;; tries++) {
-		char *before = wb_path_now(c, f->node);
+		unsigned long moves;
+		char *before = wb_path_now(c, f->node, &moves);
 		int rc;
 
 		pthread_mutex_lock(&f->wlock);
 		rc = push_locked(c, f);
 		pthread_mutex_unlock(&f->wlock);
-		if (!wb_io_again(c, f->node, before, rc, tries))
+		if (!wb_io_again(c, f->node, before, moves, rc, tries))
 			return rc;
 	}
 }

@@ -823,11 +823,12 @@ def test_descriptor_reads_while_the_file_is_renamed_through_the_mount(sandbox):
 
     def reader():
         while not stop.is_set():
-            for op in (lambda: os.fstat(fd2), lambda: os.pread(fd2, 4096, 0)):
+            for what, op in (("fstat", lambda: os.fstat(fd2)),
+                             ("pread", lambda: os.pread(fd2, 4096, 0))):
                 try:
                     op()
                 except OSError as e:
-                    errs.append(errno.errorcode[e.errno])
+                    errs.append((what, errno.errorcode[e.errno]))
 
     ts = [threading.Thread(target=writer), threading.Thread(target=reader)]
     for t in ts:
