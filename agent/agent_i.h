@@ -263,8 +263,14 @@ SBX_WUR int agent_req_path(struct agent_req *r, const char *key, char **out);
 /* lstat of (dfd, name); name "" is dfd itself. */
 SBX_WUR int agent_stat_at(int dfd, const char *name, struct stat *st,
 			  const char *what);
-/* The entries array of directory `path` (sbx_proto_entry_encode). */
-SBX_WUR int agent_list(struct agent *a, const char *path, struct cJSON **out);
+/*
+ * The entries array of directory `path` (sbx_proto_entry_encode), and in
+ * *dirst the attributes of the directory listed (fstat of the descriptor
+ * read, so they name the object whose entries these are, even if the path
+ * changed meanwhile).
+ */
+SBX_WUR int agent_list(struct agent *a, const char *path, struct cJSON **out,
+		       struct stat *dirst);
 /* o["st"] = the stat array of st. */
 void agent_put_st(struct cJSON *o, const struct stat *st);
 /*

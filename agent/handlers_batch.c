@@ -458,10 +458,13 @@ static int run_op(struct agent *a, const struct sbx_batch_op *op, cJSON *res)
 	}
 	case SBX_BATCH_LIST: {
 		cJSON *entries = NULL;
+		struct stat dirst;
 
-		rc = agent_list(a, p, &entries);
-		if (rc == 0)
+		rc = agent_list(a, p, &entries, &dirst);
+		if (rc == 0) {
+			agent_put_st(res, &dirst);
 			cJSON_AddItemToObject(res, "entries", entries);
+		}
 		return rc;
 	}
 	case SBX_BATCH_WRITE:

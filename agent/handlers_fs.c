@@ -104,7 +104,8 @@ static cJSON *list_entries(DIR *d, const char *what, int *rc_out)
 	return arr;
 }
 
-int agent_list(struct agent *a, const char *path, cJSON **out)
+int agent_list(struct agent *a, const char *path, cJSON **out,
+	       struct stat *dirst)
 {
 	DIR *d;
 	int fd, rc;
@@ -113,6 +114,11 @@ int agent_list(struct agent *a, const char *path, cJSON **out)
 	rc = agent_open(a, path, O_RDONLY | O_DIRECTORY, 0, &fd);
 	if (rc < 0)
 		return rc;
+	if (fstat(fd, dirst) < 0) {
+		rc = sbx_error_os("list %s: fstat", *path ? path : "/");
+		close(fd);
+		return rc;
+	}
 	d = fdopendir(fd);
 	if (!d) {
 		rc = sbx_error_os("list %s", path);
@@ -153,15 +159,17 @@ int agent_h_list(struct agent_req *r)
 {
 	char *path = NULL;
 	cJSON *entries = NULL, *o;
+	struct stat dirst;
 	int rc;
 
 	rc = agent_req_path(r, "path", &path);
 	if (rc == 0)
-		rc = agent_list(r->a, path, &entries);
+		rc = agent_list(r->a, path, &entries, &dirst);
 	free(path);
 	if (rc < 0)
 		return agent_reply_error(r, 0, rc);
 	o = cJSON_CreateObject();
+	agent_put_st(o, &dirst);
 	cJSON_AddItemToObject(o, "entries", entries);
 	return agent_reply_json(r, 200, o);
 }

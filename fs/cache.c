@@ -448,6 +448,19 @@ static int open_removed_or(struct cache *c, struct cnode *n, bool named,
 	return 0;
 }
 
+/* Does st, fetched by n's path, describe another object than n's? */
+static bool other_object(struct cache *c, struct cnode *n,
+			 const struct stat *st)
+{
+	bool other;
+
+	cache_lock(c);
+	other = n != &c->root && n->st.st_ino && st->st_ino &&
+		n->st.st_ino != st->st_ino;
+	cache_unlock(c);
+	return other;
+}
+
 static int c_getattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, struct stat *st)
 {
@@ -504,6 +517,18 @@ again:
 	if (!path)
 		return open_removed_or(c, n, false, st, -ESTALE);
 	rc = cache_inner_stat(c, path, &fst);
+	if (rc == 0 && other_object(c, n, &fst)) {
+		/*
+		 * The path holds another object than n's (renamed, exchanged
+		 * or replaced in the sandbox, the event on its way): as if
+		 * n's were gone from it.  Taken as n's (before 2026-12-08),
+		 * n became that object in place, and so did the kernel's
+		 * inode of it, listing and all (directories exchanged in
+		 * the sandbox while listed: one showed the other's entries).
+		 */
+		rc = sbx_error_set(SBX_ERR_REMOTE, -ENOENT,
+				   "'%s' names another object now", path);
+	}
 	if (rc < 0) {
 		/* Renamed meanwhile (through the mount or in the sandbox):
 		 * ask where it went (frees path). */

@@ -191,7 +191,8 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 			       struct cnode *dir, const char *name)
 {
 	struct cnode *o = tree_resolve(c, ch->from_path, false), *k;
-	struct cnode *olddir, *d = c->displaced;
+	struct cnode *olddir, *gone, *d = c->displaced;
+	char *oldname;
 	bool exchange;
 
 	/* At most the rename right after the one that displaced it. */
@@ -232,10 +233,26 @@ static void follow_move_locked(struct cache *c, const struct sbx_change *ch,
 	if (k == o || (k && k->hidden))
 		return;
 	olddir = o->parent;
-	(void)tree_rename(c, olddir, o->name, dir, name);
+	oldname = sbx_xstrdup(o->name);
+	(void)tree_rename(c, olddir, oldname, dir, name);
 	if (!o->dirty)
 		o->slot = S_UNKNOWN;
 	olddir->st_valid = false;
+	/*
+	 * The old name is not known free, as after a rename of ours: the
+	 * sandbox is ahead of its events, and the second half of an
+	 * exchange (or a create) may have filled it already.  Made absent
+	 * (before 2026-12-08), it said ENOENT for as long as the stream
+	 * stayed healthy: a lookup of it after this event, and before one
+	 * about it, was answered from here (directories exchanged in the
+	 * sandbox, the event of the half that filled the name applied
+	 * first).  Its own event made the kernel drop it; the next lookup
+	 * asks, and tree_rename()'s own_gen keeps older answers out.
+	 */
+	gone = tree_kid_find(olddir, oldname);
+	if (gone && !tree_file_dirty(gone) && !gone->hidden)
+		gone->slot = S_UNKNOWN;
+	free(oldname);
 	/* Replaced: the first half of an exchange, maybe. */
 	if (k && k->orphan && k->st.st_ino && !k->in_ring && !k->hidden) {
 		c->displaced = k;

@@ -51,6 +51,18 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 		return 0;
 	}
 	n = tree_resolve(c, it->path, true);
+	/*
+	 * The path holds another object than the node knew (renamed,
+	 * exchanged or replaced in the sandbox; the event is on its way, or
+	 * no lookup has asked since): the record is not the node's, and a
+	 * directory's entries would become its listing (relist_once).
+	 */
+	if (n && n->st.st_ino && it->st.st_ino &&
+	    n->st.st_ino != it->st.st_ino) {
+		ctx->dropped = true;
+		cache_unlock(c);
+		return 0;
+	}
 	if (n && !tree_file_dirty(n)) {
 		tree_set_st(c, n, &it->st);
 		/*
@@ -146,6 +158,8 @@ void list_prefetch(struct cache *c, struct cnode *dir)
 struct list_ctx {
 	struct cache *c;
 	struct cnode *dir;
+	ino_t dir_ino;     /* the directory's number as the tree knew it */
+	bool other_dir;    /* "." said the path holds another directory */
 	unsigned long gen; /* c->events when the request went out */
 	unsigned long unhides; /* c->unhides_all then */
 	struct cnode **seen;
@@ -162,6 +176,17 @@ static int list_entry(const char *name, const struct stat *st,
 	(void)next;
 	if (node)
 		l->c->inner->ops->forget(l->c->inner, node);
+	/*
+	 * "." comes first, with the number of the directory read.  Another
+	 * number than the tree's: the path holds another directory now (the
+	 * sandbox renamed or exchanged it, and the event is on its way).
+	 * Its entries are not this node's: nothing of them is recorded.
+	 */
+	if (strcmp(name, ".") == 0 && st->st_ino && l->dir_ino &&
+	    st->st_ino != l->dir_ino) {
+		l->other_dir = true;
+		return 1;
+	}
 	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
 	    tree_is_silly(name))
 		return 0;
@@ -210,24 +235,29 @@ static int list_entry(const char *name, const struct stat *st,
 	return 0;
 }
 
-/* List dir through the wrapped sandbox (one request with attributes). */
-static int relist(struct cache *c, struct cnode *dir)
+/*
+ * List dir through the wrapped sandbox (one request with attributes), by
+ * the path *before (set here; the caller frees it), taken when the tree
+ * had applied *moves renames.
+ */
+static int relist_once(struct cache *c, struct cnode *dir, char **before,
+		       unsigned long *moves)
 {
 	struct list_ctx l = {.c = c, .dir = dir};
 	struct sbx_hashmap_iter kit;
 	struct cnode *k;
 	struct sbx_node *in;
 	struct sbx_file *dh;
-	char *path;
 	int rc;
 
 	cache_lock(c);
 	l.unhides = c->unhides_all;
-	path = cache_unlock_path(c, tree_path_of(dir), &l.gen, "directory");
-	if (!path)
+	l.dir_ino = dir->st.st_ino;
+	*moves = c->moves;
+	*before = cache_unlock_path(c, tree_path_of(dir), &l.gen, "directory");
+	if (!*before)
 		return -ESTALE;
-	rc = cache_inner_node(c, path, &in);
-	free(path);
+	rc = cache_inner_node(c, *before, &in);
 	if (rc < 0)
 		return rc;
 	rc = c->inner->ops->opendir(c->inner, in, &dh);
@@ -237,6 +267,11 @@ static int relist(struct cache *c, struct cnode *dir)
 		(void)c->inner->ops->releasedir(c->inner, dh);
 	}
 	c->inner->ops->forget(c->inner, in);
+	if (rc == 0 && l.other_dir)
+		rc = sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				   "listing of '%s': the path names another "
+				   "directory now (renamed in the sandbox)",
+				   *before);
 	cache_lock(c);
 	if (rc == 0) {
 		/* Everything not listed is absent now (unknown if raced),
@@ -264,6 +299,30 @@ static int relist(struct cache *c, struct cnode *dir)
 	cache_unlock(c);
 	free(l.seen);
 	return rc;
+}
+
+/*
+ * relist_once(), again where the directory went when its path named
+ * another directory (or none): the sandbox renamed it, and the change
+ * stream says where (wb_io_again).  Listed by the old path, a directory
+ * exchanged in the sandbox got the other one's entries, which the kernel
+ * kept as its listing for good (CI, test_remote.py
+ * test_directories_exchanged_in_the_sandbox, once under load).
+ */
+static int relist(struct cache *c, struct cnode *dir)
+{
+	for (int tries = 0;; tries++) {
+		unsigned long moves;
+		char *before = NULL;
+		int rc = relist_once(c, dir, &before, &moves);
+
+		if (rc == 0) {
+			free(before);
+			return 0;
+		}
+		if (!wb_io_again(c, dir, before, moves, rc, tries))
+			return rc;
+	}
 }
 
 /*

@@ -204,6 +204,9 @@ void pmem_gate_release(struct sbx_sandbox *sb);
  */
 void pmem_watch_hold(struct sbx_sandbox *sb, bool hold);
 
+/* Deliver the first n queued events now, in this thread (while held). */
+void pmem_watch_deliver(struct sbx_sandbox *sb, size_t n);
+
 /* Events queued and not yet delivered. */
 size_t pmem_watch_pending(struct sbx_sandbox *sb);
 

@@ -470,6 +470,23 @@ void pmem_watch_hold(struct sbx_sandbox *sb, bool hold)
 	pthread_mutex_unlock(&s->lock);
 }
 
+void pmem_watch_deliver(struct sbx_sandbox *sb, size_t n)
+{
+	struct pmem *s = PMEM(sb);
+	uint64_t upto = 0;
+
+	if (n == 0)
+		return;
+	pthread_mutex_lock(&s->deliver);
+	pthread_mutex_lock(&s->lock);
+	/* (Queued events have consecutive numbers.) */
+	if (s->ev_head)
+		upto = s->ev_head->seq + n - 1;
+	pthread_mutex_unlock(&s->lock);
+	deliver_upto(s, upto);
+	pthread_mutex_unlock(&s->deliver);
+}
+
 size_t pmem_watch_pending(struct sbx_sandbox *sb)
 {
 	struct pmem *s = PMEM(sb);

@@ -70,9 +70,26 @@ static int fetch_listing(struct premote_sandbox *s, struct premote_file *d)
 	j = NULL;
 	d->fetched = true;
 	d->served = false;
+	/*
+	 * "." carries the listed directory's own attributes when the agent
+	 * sends them (since 2026-12-08): taken from the descriptor it read,
+	 * they say which directory these entries are of, which a caller
+	 * that knows the directory by inode number checks (a rename in the
+	 * sandbox may have put another directory at the path).  Older
+	 * agents: the number last known for the node.
+	 */
 	memset(&d->dot, 0, sizeof(d->dot));
-	d->dot.st_mode = S_IFDIR;
-	d->dot.st_ino = d->node == &s->root ? s->root.ino : d->node->ino;
+	if (sbx_proto_stat_from_json(cJSON_GetObjectItemCaseSensitive(
+					     d->listing, "st"),
+				     &d->dot) == 0) {
+		premote_fix_stat(s, &d->dot);
+	} else {
+		sbx_error_clear();
+		memset(&d->dot, 0, sizeof(d->dot));
+		d->dot.st_mode = S_IFDIR;
+		d->dot.st_ino = d->node == &s->root ? s->root.ino
+						    : d->node->ino;
+	}
 out:
 	cJSON_Delete(j);
 	free(path);
@@ -106,7 +123,9 @@ int premote_readdir(struct sbx_sandbox *sb, struct sbx_file *dh, off_t off,
 		if (c < 2) {
 			memset(&st, 0, sizeof(st));
 			st.st_mode = S_IFDIR;
-			st.st_ino = c == 0 ? d->dot.st_ino : 1;
+			st.st_ino = 1;
+			if (c == 0)
+				st = d->dot;
 			if (cb(c == 0 ? "." : "..", &st, NULL, c + 1,
 			       payload) != 0)
 				break;

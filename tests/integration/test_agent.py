@@ -364,7 +364,11 @@ def test_stat_list_read(cl, agent):
     st, err = cl.error("GET", "/v1/fs/stat?path=nope", expect=404)
     assert err["errno"] == "ENOENT"
 
-    ents = cl.json("GET", "/v1/fs/list?path=d")["entries"]
+    listing = cl.json("GET", "/v1/fs/list?path=d")
+    ents = listing["entries"]
+    # the directory listed: its own attributes come with its entries
+    assert listing["st"][0] == str(os.lstat(root / "d").st_ino)
+    assert stat.S_ISDIR(st_mode(listing["st"]))
     names = {e["name"]: e["st"] for e in ents}
     assert set(names) == {"f.txt", "ln", "with space+plus"}
     assert stat.S_ISLNK(st_mode(names["ln"]))
@@ -550,6 +554,7 @@ def test_batch_ops(cl, agent):
     assert res[7]["target"] == "f"
     assert ok[8] and res[9]["st"][2] == 2  # nlink
     assert {e["name"] for e in res[10]["entries"]} == {"f", "ln", "hard"}
+    assert stat.S_ISDIR(st_mode(res[10]["st"]))
     assert ok[11] and stat.S_ISFIFO(st_mode(res[11]["st"]))
     st12 = res[12]["st"]
     assert stat.S_IMODE(st_mode(st12)) == 0o640 and st_size(st12) == 3

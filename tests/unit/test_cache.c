@@ -365,6 +365,19 @@ static bool listed(const struct names *l, const char *name)
 	return false;
 }
 
+static void list_dir(struct tc_env *e, struct sbx_node *dir,
+		     struct names *l)
+{
+	struct sbx_file *dh;
+
+	memset(l, 0, sizeof(*l));
+	assert_int_equal(e->ops->opendir(e->cache, dir, &dh), 0);
+	assert_int_equal(e->ops->readdir(e->cache, dh, 0, SBX_READDIR_PLUS,
+					 collect, l),
+			 0);
+	assert_int_equal(e->ops->releasedir(e->cache, dh), 0);
+}
+
 static void list_root(struct tc_env *e, struct names *l)
 {
 	struct sbx_file *dh;
@@ -2480,6 +2493,108 @@ static void test_exchange_in_the_sandbox_is_followed(void **state)
 	e->ops->forget(e->cache, x);
 }
 
+/*
+ * A directory listed by a path the sandbox has given to another directory
+ * (the two exchanged there, the events still on their way): the listing
+ * is the directory's own, from where the change stream says it went.
+ * Listed by the old path, it got the other directory's entries, which the
+ * kernel kept as its listing (CI: test_remote.py
+ * test_directories_exchanged_in_the_sandbox saw `one` list `two`'s old
+ * entries for good, once under load).
+ */
+static void test_listing_by_a_path_another_directory_took(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *d1, *d2;
+	struct stat st;
+	struct names l;
+	ino_t d2_ino;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d1", 0755), 0);
+	assert_int_equal(pmem_ext_mkdir(e->mem, "d2", 0755), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d1/f1", "1", 1), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "d2/f2", "2", 1), 0);
+	tc_settle(e);
+	d1 = tc_walk_path(e->cache, "d1", false, &st);
+	d2 = tc_walk_path(e->cache, "d2", false, &st);
+	list_dir(e, d2, &l);
+	assert_true(listed(&l, "f2"));
+	/* A change inside: its listing is asked for again. */
+	assert_int_equal(pmem_ext_write(e->mem, "d2/g2", "2", 1), 0);
+	tc_settle(e);
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_rename(e->mem, "d1", "d2", RENAME_EXCHANGE),
+			 0);
+	list_dir(e, d2, &l);
+	assert_true(listed(&l, "f2"));
+	assert_true(listed(&l, "g2"));
+	assert_false(listed(&l, "f1"));
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	list_dir(e, d1, &l);
+	assert_true(listed(&l, "f1"));
+	assert_false(listed(&l, "f2"));
+	list_dir(e, d2, &l);
+	assert_true(listed(&l, "g2"));
+	assert_false(listed(&l, "f1"));
+	/* A stat by the path, likewise: the directory's own attributes. */
+	assert_int_equal(e->ops->getattr(e->cache, d2, NULL, &st), 0);
+	d2_ino = st.st_ino;
+	/* (d2 is at d1 now: a change inside drops its attributes.) */
+	assert_int_equal(pmem_ext_write(e->mem, "d1/h2", "2", 1), 0);
+	tc_settle(e);
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_rename(e->mem, "d1", "d2", RENAME_EXCHANGE),
+			 0);
+	assert_int_equal(e->ops->getattr(e->cache, d2, NULL, &st), 0);
+	assert_int_equal(st.st_ino, d2_ino);
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	e->ops->forget(e->cache, d2);
+	e->ops->forget(e->cache, d1);
+}
+
+/*
+ * A rename followed from the sandbox leaves its old name unknown, not
+ * absent: the sandbox is ahead of its events, and the other half of an
+ * exchange may have filled it already (directories exchanged in the
+ * sandbox, looked up between the events: `two` said ENOENT for as long
+ * as the stream stayed healthy).
+ */
+static void test_old_name_of_a_followed_rename_is_asked(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *one, *k;
+	struct stat st;
+	ino_t two_ino;
+
+	assert_int_equal(pmem_ext_mkdir(e->mem, "one", 0755), 0);
+	assert_int_equal(pmem_ext_mkdir(e->mem, "two", 0755), 0);
+	tc_settle(e);
+	one = tc_walk_path(e->cache, "one", false, &st);
+	k = tc_walk_path(e->cache, "two", false, &st);
+	two_ino = st.st_ino;
+	e->ops->forget(e->cache, k);
+	/* The exchange's events, with a lookup of `one` between them that
+	 * sees `two`'s directory there: the first half then cannot be
+	 * followed, the second can, and it moves `two`'s node away from
+	 * the name its own first half filled. */
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_rename(e->mem, "one", "two", RENAME_EXCHANGE),
+			 0);
+	assert_true(pmem_watch_pending(e->mem) > 0);
+	pmem_watch_deliver(e->mem, 1);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "one", &k, &st), 0);
+	assert_int_equal(st.st_ino, two_ino);
+	e->ops->forget(e->cache, k);
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	assert_int_equal(e->ops->lookup(e->cache, e->root, "two", &k, &st), 0);
+	assert_int_not_equal(st.st_ino, two_ino);
+	e->ops->forget(e->cache, k);
+	e->ops->forget(e->cache, one);
+}
+
 struct lookup_call {
 	struct tc_env *e;
 	const char *name;
@@ -3668,6 +3783,12 @@ int main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_exchange_in_the_sandbox_is_followed, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_listing_by_a_path_another_directory_took, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_old_name_of_a_followed_rename_is_asked, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_lookup_answered_before_a_followed_rename, setup,
