@@ -52,16 +52,25 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	}
 	n = tree_resolve(c, it->path, true);
 	/*
-	 * The path holds another object than the node knew (renamed,
-	 * exchanged or replaced in the sandbox; the event is on its way, or
-	 * no lookup has asked since): the record is not the node's, and a
-	 * directory's entries would become its listing (relist_once).
+	 * The path holds another object than the node knew.  The tree still
+	 * holds the name as present: the sandbox renamed, exchanged or
+	 * replaced it and the event is on its way, so the record is not the
+	 * node's (a directory's entries would become its listing, see
+	 * relist_once) and waits for the walk's next try.  Else the event
+	 * came and nothing has looked the name up since: the record is its
+	 * new object's, as a lookup's answer would be (tree_name_st).
 	 */
-	if (n && n->st.st_ino && it->st.st_ino &&
-	    n->st.st_ino != it->st.st_ino) {
-		ctx->dropped = true;
-		cache_unlock(c);
-		return 0;
+	if (n && n != &c->root && n->parent && n->st.st_ino &&
+	    it->st.st_ino && n->st.st_ino != it->st.st_ino) {
+		if (n->slot == S_PRESENT || n->hidden) {
+			ctx->dropped = true;
+			cache_unlock(c);
+			return 0;
+		}
+		char *name = sbx_xstrdup(n->name); /* (n may go) */
+
+		n = tree_name_st(c, n->parent, name, &it->st);
+		free(name);
 	}
 	if (n && !tree_file_dirty(n)) {
 		tree_set_st(c, n, &it->st);
