@@ -261,7 +261,8 @@ static int relist_once(struct cache *c, struct cnode *dir, char **before,
 
 	cache_lock(c);
 	l.unhides = c->unhides_all;
-	l.dir_ino = dir->st.st_ino;
+	/* (The root is never renamed.) */
+	l.dir_ino = dir == &c->root ? 0 : dir->st.st_ino;
 	*moves = c->moves;
 	*before = cache_unlock_path(c, tree_path_of(dir), &l.gen, "directory");
 	if (!*before)
