@@ -46,6 +46,9 @@ struct wdir {
 	char *path; /* relative to the root */
 	dev_t dev;  /* lstat() when the watch was added */
 	ino_t ino;
+	/* Below the name a directory was moved onto, while that move may be
+	 * an exchange's first half (sbx_fswatch.swap_*). */
+	bool displaced;
 };
 
 struct sbx_fswatch {
@@ -79,9 +82,17 @@ struct sbx_fswatch {
 		char *path;
 	} moves[MOVES_PENDING];
 	unsigned moves_next;
-	/* Two directories' paths swapped by an exchange's first half: its
-	 * second half (`swap_to` moved back to `swap_from`) is done. */
+	/*
+	 * A directory moved from `swap_from` onto `swap_to`, where the
+	 * directory watched as `swap_wd` was: the first half of an exchange,
+	 * or a rename over an empty directory.  The watches below swap_to
+	 * before the move (displaced) keep that path until the next event
+	 * tells which: the second half (swap_to moved to swap_from) moves
+	 * them there; an IN_ATTRIB of swap_wd itself (the link count of a
+	 * directory replaced) or any other directory move leaves them.
+	 */
 	char *swap_from, *swap_to;
+	int swap_wd;
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -242,7 +253,7 @@ static void rename_prefix(struct sbx_fswatch *w, const char *from,
 		struct wdir *d = w->wds[i];
 		char *p;
 
-		if (!d || !has_prefix(d->path, from, flen))
+		if (!d || d->displaced || !has_prefix(d->path, from, flen))
 			continue;
 		p = sbx_xasprintf("%s%s", to, d->path + flen);
 		free(d->path);
@@ -250,69 +261,71 @@ static void rename_prefix(struct sbx_fswatch *w, const char *from,
 	}
 }
 
-/* The watched directory at exactly `path`, or NULL. */
-static const struct wdir *wdir_at(const struct sbx_fswatch *w,
-				  const char *path)
+/*
+ * End a pending exchange (swap_*): with `exchanged`, the displaced watches
+ * go to swap_from (the second half came); else they stay where they are
+ * (the directory they were below was replaced).
+ */
+static void swap_end(struct sbx_fswatch *w, bool exchanged)
 {
-	for (size_t i = 0; i < w->nwds; i++)
-		if (w->wds[i] && !strcmp(w->wds[i]->path, path))
-			return w->wds[i];
-	return NULL;
+	size_t tlen = w->swap_to ? strlen(w->swap_to) : 0;
+
+	for (size_t i = 0; w->swap_to && i < w->nwds; i++) {
+		struct wdir *d = w->wds[i];
+		char *p;
+
+		if (!d || !d->displaced)
+			continue;
+		d->displaced = false;
+		if (!exchanged || !has_prefix(d->path, w->swap_to, tlen))
+			continue;
+		p = sbx_xasprintf("%s%s", w->swap_from, d->path + tlen);
+		free(d->path);
+		d->path = p;
+	}
+	free(w->swap_from);
+	free(w->swap_to);
+	w->swap_from = w->swap_to = NULL;
+	w->swap_wd = -1;
 }
 
 /*
  * A directory moved from `from` to `to`.  A RENAME_EXCHANGE is reported as
  * two such moves (from -> to, then to -> from); renaming prefixes twice
- * would put both subtrees under `from`.  At the first half the directory
- * watched at `to` is found at `from` (same identity): swap the two
- * prefixes at once, and take the second half as done.
+ * would put both subtrees under `from`.  When a watched directory was at
+ * `to`, its watches are set apart (displaced) until the next event says
+ * whether this was an exchange's first half (swap_end).  The kernel
+ * queues an exchange's two halves back to back, in one call, and a
+ * rename over an empty directory reports that directory's link count
+ * (IN_ATTRIB) right after its IN_MOVED_TO: neither depends on what the
+ * sandbox looks like when the events are read.  (Until 2026-12-08 the
+ * first half looked at `from` then: an exchange followed at once by a
+ * rename of one of the two was taken for a plain rename, and both
+ * subtrees were reported under one path for good; stress test.)
  */
 static void dir_moved(struct sbx_fswatch *w, const char *from, const char *to)
 {
-	const struct wdir *t;
-	struct stat st;
-	char *abs;
-	bool exchanged = false;
-	size_t flen = strlen(from), tlen = strlen(to);
+	size_t tlen = strlen(to);
+	int t = -1;
 
 	if (w->swap_from && !strcmp(from, w->swap_to) &&
 	    !strcmp(to, w->swap_from)) {
-		free(w->swap_from);
-		free(w->swap_to);
-		w->swap_from = w->swap_to = NULL;
+		swap_end(w, true);
 		return;
 	}
-	free(w->swap_from);
-	free(w->swap_to);
-	w->swap_from = w->swap_to = NULL;
-	t = wdir_at(w, to);
-	if (t) {
-		abs = absolute(w, from);
-		exchanged = lstat(abs, &st) == 0 && S_ISDIR(st.st_mode) &&
-			    st.st_dev == t->dev && st.st_ino == t->ino;
-		free(abs);
+	swap_end(w, false);
+	for (size_t i = 0; i < w->nwds && t < 0; i++)
+		if (w->wds[i] && !strcmp(w->wds[i]->path, to))
+			t = (int)i;
+	if (t >= 0 && !has_prefix(to, from, strlen(from))) {
+		for (size_t i = 0; i < w->nwds; i++)
+			if (w->wds[i] && has_prefix(w->wds[i]->path, to, tlen))
+				w->wds[i]->displaced = true;
+		w->swap_from = sbx_xstrdup(from);
+		w->swap_to = sbx_xstrdup(to);
+		w->swap_wd = t;
 	}
-	if (!exchanged) {
-		rename_prefix(w, from, to);
-		return;
-	}
-	for (size_t i = 0; i < w->nwds; i++) {
-		struct wdir *d = w->wds[i];
-		char *p;
-
-		if (!d)
-			continue;
-		if (has_prefix(d->path, from, flen))
-			p = sbx_xasprintf("%s%s", to, d->path + flen);
-		else if (has_prefix(d->path, to, tlen))
-			p = sbx_xasprintf("%s%s", from, d->path + tlen);
-		else
-			continue;
-		free(d->path);
-		d->path = p;
-	}
-	w->swap_from = sbx_xstrdup(from);
-	w->swap_to = sbx_xstrdup(to);
+	rename_prefix(w, from, to);
 }
 
 /* A directory left the tree: stop watching it and everything below. */
@@ -409,12 +422,17 @@ static void handle(struct sbx_fswatch *w, const struct inotify_event *ev)
 	if (ev->wd < 0 || (size_t)ev->wd >= w->nwds || !w->wds[ev->wd])
 		return;
 	if (ev->mask & IN_IGNORED) {
+		if (ev->wd == w->swap_wd)
+			swap_end(w, false);
 		drop_wd(w, ev->wd);
 		return;
 	}
 	dir = w->wds[ev->wd];
 	if (ev->len == 0 || !ev->name[0]) {
-		/* About the watched directory itself. */
+		/* About the watched directory itself.  The directory a
+		 * pending move replaced: its link count (dir_moved). */
+		if ((ev->mask & IN_ATTRIB) && ev->wd == w->swap_wd)
+			swap_end(w, false);
 		if (ev->mask & IN_ATTRIB)
 			emit(w, SBX_FSWATCH_ATTR, dir, dir->path, NULL,
 			     ev->mask);
@@ -615,6 +633,7 @@ int sbx_fswatch_new_flags(struct sbx_fswatch **out, const char *root,
 		return sbx_error_set(SBX_ERR_OS, -ENOTDIR,
 				     "watch %s: not a directory", root);
 	w = sbx_xcalloc(1, sizeof(*w));
+	w->swap_wd = -1;
 	w->root = sbx_xstrdup(root);
 	w->flags = flags;
 	w->cb = cb;

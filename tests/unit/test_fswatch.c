@@ -344,6 +344,146 @@ static void test_exchange_swaps_paths(void **state)
 	free(dir);
 }
 
+/* on_move, and the watcher thread held at the event of "gate" while
+ * `hold`: the changes made meanwhile are read after all of them. */
+struct gated {
+	struct seen s;
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	bool hold, held;
+};
+
+static void on_move_gated(const struct sbx_fswatch_event *ev, void *payload)
+{
+	struct gated *g = payload;
+
+	if (ev->kind == SBX_FSWATCH_ENTRY && ev->path &&
+	    !strcmp(ev->path, "gate")) {
+		pthread_mutex_lock(&g->m);
+		g->held = true;
+		pthread_cond_broadcast(&g->c);
+		while (g->hold)
+			pthread_cond_wait(&g->c, &g->m);
+		pthread_mutex_unlock(&g->m);
+	}
+	on_move(ev, &g->s);
+}
+
+/* Hold the watcher (it waits at the event of a file "gate" made now). */
+static void gate_hold(struct gated *g, const char *dir)
+{
+	char p[4096];
+
+	pthread_mutex_lock(&g->m);
+	g->hold = true;
+	g->held = false;
+	pthread_mutex_unlock(&g->m);
+	snprintf(p, sizeof(p), "%s/gate", dir);
+	th_write(p, "g");
+	pthread_mutex_lock(&g->m);
+	while (!g->held)
+		pthread_cond_wait(&g->c, &g->m);
+	pthread_mutex_unlock(&g->m);
+}
+
+static void gate_release(struct gated *g)
+{
+	pthread_mutex_lock(&g->m);
+	g->hold = false;
+	pthread_cond_broadcast(&g->c);
+	pthread_mutex_unlock(&g->m);
+}
+
+static void dir_rename(const char *dir, const char *a, const char *b,
+		       unsigned flags)
+{
+	char p[4096], q[4096];
+
+	snprintf(p, sizeof(p), "%s/%s", dir, a);
+	snprintf(q, sizeof(q), "%s/%s", dir, b);
+	assert_int_equal(renameat2(AT_FDCWD, p, AT_FDCWD, q, flags), 0);
+}
+
+/*
+ * An exchange whose events are read after one of the two directories has
+ * moved on (d1 renamed to d3 at once): each subtree keeps its own path.
+ * The first half used to look at the sandbox as it was when the events
+ * were read, took the exchange for a plain rename, and put both subtrees
+ * under one path for good (stress test: a file made in one directory was
+ * reported in the other).
+ */
+static void test_exchange_read_after_a_later_rename(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096];
+	struct sbx_fswatch *w = NULL;
+	struct gated g = { .s.lock = PTHREAD_MUTEX_INITIALIZER,
+			   .m = PTHREAD_MUTEX_INITIALIZER,
+			   .c = PTHREAD_COND_INITIALIZER };
+
+	(void)state;
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/d1", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/d2", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/d1/f", dir);
+	th_write(p, "x");
+	snprintf(p, sizeof(p), "%s/d2/g", dir);
+	th_write(p, "y");
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_move_gated, &g), 0);
+	gate_hold(&g, dir);
+	dir_rename(dir, "d1", "d2", RENAME_EXCHANGE);
+	dir_rename(dir, "d1", "d3", 0);
+	gate_release(&g);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	/* f is d2/f now, g is d3/g. */
+	dir_rename(dir, "d2/f", "d2/f2", 0);
+	dir_rename(dir, "d3/g", "d3/g2", 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw_move(&g.s, "d2/f2", "d2/f"));
+	assert_true(saw_move(&g.s, "d3/g2", "d3/g"));
+	sbx_fswatch_free(w);
+	th_rmrf(dir);
+	free(dir);
+}
+
+/*
+ * A directory renamed over an empty one and back at once, the events read
+ * after both: not an exchange (the empty directory's link count says it
+ * was replaced), the subtree is where it is.
+ */
+static void test_rename_over_empty_dir_and_back(void **state)
+{
+	char *dir = th_tmpdir();
+	char p[4096];
+	struct sbx_fswatch *w = NULL;
+	struct gated g = { .s.lock = PTHREAD_MUTEX_INITIALIZER,
+			   .m = PTHREAD_MUTEX_INITIALIZER,
+			   .c = PTHREAD_COND_INITIALIZER };
+
+	(void)state;
+	assert_non_null(dir);
+	snprintf(p, sizeof(p), "%s/a", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/b", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/a/x", dir);
+	th_write(p, "x");
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_move_gated, &g), 0);
+	gate_hold(&g, dir);
+	dir_rename(dir, "a", "b", 0);
+	dir_rename(dir, "b", "a", 0);
+	gate_release(&g);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	dir_rename(dir, "a/x", "a/y", 0);
+	assert_int_equal(sbx_fswatch_sync(w, 5000), 0);
+	assert_true(saw_move(&g.s, "a/y", "a/x"));
+	sbx_fswatch_free(w);
+	th_rmrf(dir);
+	free(dir);
+}
+
 static void test_bad_root(void **state)
 {
 	struct sbx_fswatch *w = (void *)1;
@@ -364,6 +504,8 @@ int main(void)
 		cmocka_unit_test(test_identity_batch),
 		cmocka_unit_test(test_moved_from),
 		cmocka_unit_test(test_exchange_swaps_paths),
+		cmocka_unit_test(test_exchange_read_after_a_later_rename),
+		cmocka_unit_test(test_rename_over_empty_dir_and_back),
 		cmocka_unit_test(test_bad_root),
 	};
 
