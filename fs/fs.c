@@ -65,7 +65,7 @@ static void inval_all_one(struct fs *fs, fuse_ino_t ino, fuse_ino_t parent,
 
 /* Forget every cached entry, attribute and page (events were lost, or,
  * without a change stream, a command ran in the sandbox). */
-static void invalidate_everything(struct fs *fs)
+void fs_invalidate_everything(struct fs *fs)
 {
 	fs_inode_foreach(fs, inval_all_one, NULL);
 	fs_negatives_invalidate(fs);
@@ -144,6 +144,7 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 	fuse_ino_t obj[FS_NAME_TAKE_MAX + 1];
 	size_t nobj;
 	unsigned writers;
+	bool data;
 
 	switch (c->kind) {
 	case SBX_CHANGE_ENTRY:
@@ -163,31 +164,21 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		if (!parent || !c->name)
 			goto objects;
 		/* (Off the list first: a LOOKUP answered after the
-		 * invalidation below lists the name again, and stays.) */
+		 * invalidation lists the name again, and stays.) */
 		fs_negative_drop(fs, parent, c->name);
 		note_entry_change(fs, parent, c->name);
-		/* Drops the dentry (positive or negative)... */
-		fuse_lowlevel_notify_inval_entry(fs->se, parent, c->name,
-						 strlen(c->name));
-		/* ...and the directory's attributes and listing... */
-		fuse_lowlevel_notify_inval_inode(fs->se, parent, 0, 0);
 	objects:
 		/*
-		 * ...and the attributes of the objects the name held or
-		 * holds: their link count and ctime changed, and a change
-		 * stream watches directories, which see no attribute event
-		 * for that (inotify tells only a watch on the file itself).
-		 * Pages stay.
+		 * The dentry (positive or negative), the directory's
+		 * attributes and listing, and the attributes of the objects
+		 * the name held or holds: their link count and ctime
+		 * changed, and a change stream watches directories, which
+		 * see no attribute event for that (inotify tells only a
+		 * watch on the file itself).  Pages stay.  Sent by the
+		 * replay thread (replay.c says why).
 		 */
-		for (size_t i = 0; i < nobj; i++) {
-			bool seen = obj[i] == parent;
-
-			for (size_t j = 0; j < i && !seen; j++)
-				seen = obj[j] == obj[i];
-			if (!seen)
-				fuse_lowlevel_notify_inval_inode(fs->se, obj[i],
-								 -1, 0);
-		}
+		fs_notify_change(fs, parent && c->name ? parent : 0, c->name,
+				 obj, NULL, nobj);
 		break;
 	case SBX_CHANGE_DATA:
 	case SBX_CHANGE_ATTR:
@@ -200,15 +191,13 @@ void fs_apply_change(const struct sbx_change *c, void *payload)
 		 * refresh attributes only.  Concurrent writes from both sides
 		 * of the mount are as undefined here as on NFS.
 		 */
-		fuse_lowlevel_notify_inval_inode(fs->se, ino,
-						 c->kind == SBX_CHANGE_DATA &&
-							 !writers ? 0 : -1,
-						 0);
+		data = c->kind == SBX_CHANGE_DATA && !writers;
+		fs_notify_change(fs, 0, NULL, &ino, &data, 1);
 		break;
 	case SBX_CHANGE_OVERFLOW:
 		sbx_info("change stream overflowed: invalidating all caches");
 		entries_all_changed(fs);
-		invalidate_everything(fs);
+		fs_notify_everything(fs);
 		break;
 	}
 }
@@ -245,10 +234,17 @@ int fs_barrier_after(struct fs *fs)
 	int rc = 0;
 
 	pthread_mutex_lock(&fs->barrier_lock);
-	if (fs->watching)
+	if (fs->watching) {
 		rc = fs->sb->ops->watch_sync(fs->sb);
-	else
-		invalidate_everything(fs);
+		/* The kernel's copies of what changed are dropped by the
+		 * replay thread: before the caller reads them. */
+		if (rc == 0 &&
+		    fs_notify_drain(fs, FS_NOTIFY_DRAIN_MS) < 0)
+			sbx_warn("exec barrier: the kernel's caches of some "
+				 "changes are not dropped yet (a process "
+				 "holds them)");
+	} else
+		fs_invalidate_everything(fs);
 	pthread_mutex_unlock(&fs->barrier_lock);
 	return rc;
 }
@@ -523,9 +519,81 @@ static int start_watch(struct fs *fs)
 	return 0;
 }
 
+/*
+ * The end of the session after the FUSE loop ended: nothing answers
+ * requests any more.  An invalidation of ours still in flight (the change
+ * stream's, the replay thread's) may wait for a page that a reader holds
+ * while its READ waits for an answer: the thread that sent it then never
+ * returns, its join hangs, and killed, the daemon stays a zombie with the
+ * reader stuck in D state for good (stress test: `sbx down` while a
+ * process read files the sandbox was changing).  If the end takes longer
+ * than EXIT_WATCHDOG_S, the connection is aborted: the waiting requests
+ * fail, and the invalidation returns.
+ */
+#define EXIT_WATCHDOG_S 3
+
+struct exit_watchdog {
+	struct fs *fs;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool started, done;
+};
+
+static void *exit_watchdog_main(void *arg)
+{
+	struct exit_watchdog *x = arg;
+	struct timespec until;
+	bool fire;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += EXIT_WATCHDOG_S;
+	pthread_mutex_lock(&x->lock);
+	while (!x->done && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&x->cond, &x->lock, &until);
+	fire = !x->done;
+	pthread_mutex_unlock(&x->lock);
+	if (fire) {
+		sbx_warn("the end of the session is stuck (an invalidation "
+			 "waits for a request nobody answers now): aborting "
+			 "the FUSE connection");
+		fs_abort_connection(x->fs);
+	}
+	return NULL;
+}
+
+static void exit_watchdog_start(struct exit_watchdog *x, struct fs *fs)
+{
+	x->fs = fs;
+	x->done = false;
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->cond, NULL);
+	x->started = pthread_create(&x->thread, NULL, exit_watchdog_main,
+				    x) == 0;
+	if (!x->started)
+		sbx_warn("cannot start the exit watchdog: the end of the "
+			 "session is not bounded");
+}
+
+static void exit_watchdog_stop(struct exit_watchdog *x)
+{
+	if (!x->started)
+		return;
+	pthread_mutex_lock(&x->lock);
+	x->done = true;
+	pthread_cond_broadcast(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+	pthread_join(x->thread, NULL);
+	pthread_cond_destroy(&x->cond);
+	pthread_mutex_destroy(&x->lock);
+	x->started = false;
+}
+
 int fs_daemon_run(const struct fs_options *o)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
+	struct exit_watchdog watchdog = {0};
 	struct fuse_loop_config *loop = NULL;
 	struct fs fs;
 	struct stat st;
@@ -636,6 +704,7 @@ int fs_daemon_run(const struct fs_options *o)
 							   : 16);
 	fuse_loop_cfg_set_idle_threads(loop, 4);
 	rc = fuse_session_loop_mt(fs.se, loop);
+	exit_watchdog_start(&watchdog, &fs);
 	stop_detach_watch(&fs);
 	if (rc != 0 && !fs.detached)
 		sbx_warn("FUSE loop ended with %d", rc);
@@ -655,6 +724,7 @@ out:
 	if (mounted && (!fs.dev || dev_mounted(fs.dev)))
 		fuse_session_unmount(fs.se);
 	fs_replay_fini(&fs);
+	exit_watchdog_stop(&watchdog);
 	if (handlers)
 		fuse_remove_signal_handlers(fs.se);
 	if (fs.se)

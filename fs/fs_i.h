@@ -14,10 +14,14 @@
  * locks and send no request to the sandbox).  fs->neg_lock and
  * fs->replay_lock are leaves: nothing else is taken while one is held.
  *
- * Threads that send notifications: the change stream's (fs_apply_change)
- * and the replay thread (replay.c).  The FUSE workers send none that can
- * wait for a directory's lock behind a listing (fs_entry_replay queues
- * them): a worker must stay free to answer the lister.
+ * Threads that send notifications: the replay thread (replay.c), for the
+ * change stream's changes too (fs_apply_change queues them), and the
+ * control thread's barrier without a change stream.  The change stream's
+ * thread sends none: a FUSE handler may wait for it (wb_io_again's
+ * barrier) while the kernel holds a page or a directory lock that an
+ * invalidation would wait for.  The FUSE workers send none that can wait
+ * for a directory's lock behind a listing (fs_entry_replay queues them):
+ * a worker must stay free to answer the lister.
  *
  * Locking.  fs->lock protects the inode table, the name index (fs->names
  * and every inode's `names`) and every inode's `nlookup`, `parent`/`name`
@@ -58,6 +62,9 @@ struct fs_ctl;
 /* Negative entries listed at most (fs_negative_timeout); past that, the
  * long timeout is not given. */
 #define FS_NEGATIVES_MAX 65536
+/* How long the exec barrier waits for the change stream's notifications
+ * to be sent (fs_notify_drain). */
+#define FS_NOTIFY_DRAIN_MS 10000
 /* Names kept per inode in the name index (fs_names_*), newest first. */
 #define FS_NAMES_PER_INODE 16
 
@@ -146,6 +153,7 @@ struct fs {
 	struct fs_replay_job *replay_head, *replay_tail;
 	pthread_t replay_thread;
 	bool replay_started, replay_stop;
+	bool replay_busy; /* a job is being sent (fs_notify_drain) */
 
 	struct fs_ctl *ctl;
 
@@ -202,8 +210,34 @@ void fs_negatives_fini(struct fs *fs);
 void fs_replay_init(struct fs *fs);
 int fs_replay_start(struct fs *fs);
 void fs_replay_fini(struct fs *fs);
+/*
+ * Abort our FUSE connection (fusectl): every request still waiting fails,
+ * and a process that held a directory's lock or a page while it waited
+ * lets go (and so does an invalidation of ours waiting for it).
+ */
+void fs_abort_connection(struct fs *fs);
 void fs_replay_queue(struct fs *fs, fuse_ino_t parent, char **names,
 		     size_t n, bool lost, const char *name);
+/*
+ * Queue, for the replay thread, the notifications of a change: with
+ * `parent` and `name`, the entry's dentry and the directory's attributes
+ * and listing; then every inode of objs[] (nobjs, at most
+ * FS_NAME_TAKE_MAX + 1; duplicates and the parent skipped), its pages too
+ * where data[i] (data NULL: attributes only).  In order with the other
+ * jobs.  Never waits for the kernel: the change stream's thread calls it.
+ */
+void fs_notify_change(struct fs *fs, fuse_ino_t parent, const char *name,
+		      const fuse_ino_t *objs, const bool *data, size_t nobjs);
+/* Queue fs_invalidate_everything() likewise (the stream lost events). */
+void fs_notify_everything(struct fs *fs);
+/*
+ * Wait until every notification queued so far was sent, at most
+ * timeout_ms: 0, or -ETIMEDOUT.  Not from a FUSE worker (a job may wait
+ * for the kernel, which may wait for a worker).
+ */
+int fs_notify_drain(struct fs *fs, int timeout_ms);
+/* Forget every cached entry, attribute and page (sent from here). */
+void fs_invalidate_everything(struct fs *fs);
 
 /* --- inode.c ------------------------------------------------------------- */
 void fs_inodes_init(struct fs *fs);

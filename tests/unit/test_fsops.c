@@ -808,6 +808,8 @@ static void test_readdir_replay_does_not_hold_the_worker(void **state)
 		snprintf(name, sizeof(name), "churn%d", i);
 		fs_apply_change(&c, &e->fs);
 	}
+	/* (Their own notifications, sent by the replay thread too.) */
+	assert_int_equal(fs_notify_drain(&e->fs, 5000), 0);
 	pthread_mutex_lock(&inval_lock);
 	inval_blocked = true;
 	ninval_entry = ninval_inode = 0;
@@ -829,19 +831,83 @@ static void test_readdir_replay_does_not_hold_the_worker(void **state)
 	assert_int_equal(pthread_join(t, NULL), 0);
 	assert_true(done);
 	assert_int_equal(e->req.kind, R_BUF);
-	/* ...and the replay runs: every known child, then the directory
-	 * (on its thread: wait for it, at most 5 s). */
-	for (int i = 0; i < 500; i++) {
-		pthread_mutex_lock(&inval_lock);
-		done = ninval_inode > 0;
-		pthread_mutex_unlock(&inval_lock);
-		if (done)
-			break;
-		usleep(10000);
-	}
+	/* ...and the replay runs, after the changes' own notifications
+	 * (on its thread: wait for it, at most 5 s): every known child,
+	 * then the directory. */
+	assert_int_equal(fs_notify_drain(&e->fs, 5000), 0);
+	pthread_mutex_lock(&inval_lock);
+	done = ninval_inode > 0;
+	pthread_mutex_unlock(&inval_lock);
 	assert_true(done);
 	assert_true(entry_invalidated(FUSE_ROOT_ID, "f"));
 	fs_ops.releasedir(req(e), FUSE_ROOT_ID, &r.fi);
+}
+
+struct change_call {
+	struct env *e;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+static void *apply_change_main(void *arg)
+{
+	struct change_call *a = arg;
+	struct sbx_change c = { .kind = SBX_CHANGE_ENTRY,
+				.dir_dev = a->e->fs.root.dev,
+				.dir_ino = a->e->fs.root.ino,
+				.name = "x" };
+
+	fs_apply_change(&c, &a->e->fs);
+	pthread_mutex_lock(&a->lock);
+	a->done = true;
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->lock);
+	return NULL;
+}
+
+/*
+ * The change stream's thread never waits for the kernel: while the kernel
+ * holds an invalidation (a page a reader locked, a directory a lister
+ * locked), the change is applied and its notifications wait on the replay
+ * thread.  Sent by the stream's thread, they waited there, and a READ
+ * whose handler waited for the stream (a barrier) stalled 30 s at a time
+ * (stress test: a directory removed and made again in the sandbox while
+ * its files were read).
+ */
+static void test_change_stream_does_not_wait_for_the_kernel(void **state)
+{
+	struct env *e = *state;
+	struct change_call a = { .e = e, .lock = PTHREAD_MUTEX_INITIALIZER,
+				 .cond = PTHREAD_COND_INITIALIZER };
+	struct timespec until;
+	pthread_t t;
+	bool done;
+
+	assert_int_equal(fs_replay_start(&e->fs), 0);
+	pthread_mutex_lock(&inval_lock);
+	inval_blocked = true;
+	ninval_entry = ninval_inode = 0;
+	pthread_mutex_unlock(&inval_lock);
+	assert_int_equal(pthread_create(&t, NULL, apply_change_main, &a), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	pthread_mutex_lock(&a.lock);
+	while (!a.done &&
+	       pthread_cond_timedwait(&a.cond, &a.lock, &until) == 0)
+		;
+	done = a.done;
+	pthread_mutex_unlock(&a.lock);
+	/* Sent only once the kernel lets it through. */
+	assert_int_equal(fs_notify_drain(&e->fs, 100), -ETIMEDOUT);
+	pthread_mutex_lock(&inval_lock);
+	inval_blocked = false;
+	pthread_cond_broadcast(&inval_cond);
+	pthread_mutex_unlock(&inval_lock);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_true(done);
+	assert_int_equal(fs_notify_drain(&e->fs, 5000), 0);
+	assert_true(entry_invalidated(FUSE_ROOT_ID, "x"));
 }
 
 #define BOTH(t)                                                                \
@@ -870,6 +936,7 @@ int main(void)
 			test_overflow_drops_negative_entries,
 			setup_cached_watched, teardown),
 		BOTH(test_readdir_replay_does_not_hold_the_worker),
+	BOTH(test_change_stream_does_not_wait_for_the_kernel),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
