@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sbx/clock.h"
 #include "sbx/log.h"
 #include "sbx/xmalloc.h"
 #include "fs_i.h"
@@ -341,16 +342,10 @@ void fs_notify_everything(struct fs *fs)
 
 int fs_notify_drain(struct fs *fs, int timeout_ms)
 {
-	struct timespec until;
+	/* (replay_cond waits on CLOCK_REALTIME, the default.) */
+	struct timespec until = sbx_clock_deadline(CLOCK_REALTIME, timeout_ms);
 	int rc = 0;
 
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	pthread_mutex_lock(&fs->replay_lock);
 	while (fs->replay_started && !fs->replay_stop &&
 	       (fs->replay_head || fs->replay_busy) && rc != ETIMEDOUT)
