@@ -164,15 +164,21 @@ static void content_trim(struct cache *c)
 	}
 }
 
-bool content_valid(const struct cnode *n)
+/* Does n's content hold the bytes of n's last known attributes? */
+static bool content_matches(const struct cnode *n)
 {
 	const struct content *ct = n->content;
 
-	return ct && n->st_valid && (ct->data || ct->on_disk) &&
+	return ct && (ct->data || ct->on_disk) &&
 	       ct->ino == n->st.st_ino && ct->size == n->st.st_size &&
 	       (off_t)ct->len == n->st.st_size &&
 	       ct->mtime.tv_sec == n->st.st_mtim.tv_sec &&
 	       ct->mtime.tv_nsec == n->st.st_mtim.tv_nsec;
+}
+
+bool content_valid(const struct cnode *n)
+{
+	return n->st_valid && content_matches(n);
 }
 
 void content_store(struct cache *c, struct cnode *n, const void *data,
@@ -195,15 +201,17 @@ void content_store(struct cache *c, struct cnode *n, const void *data,
 	content_trim(c);
 }
 
-ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
-		     off_t off, char **disk_out)
+/* content_read(), of content valid (`last`: matching n's last known
+ * attributes, valid or not). */
+static ssize_t read_held(struct cache *c, struct cnode *n, void *buf,
+			 size_t size, off_t off, char **disk_out, bool last)
 {
 	struct content *ct = n->content;
 	size_t avail;
 
 	if (disk_out)
 		*disk_out = NULL;
-	if (!content_valid(n))
+	if (last ? !content_matches(n) : !content_valid(n))
 		return -1;
 	if (off >= (off_t)ct->len)
 		return 0;
@@ -230,6 +238,18 @@ ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 	if (disk_out)
 		*disk_out = disk_name(c, ct);
 	return -1;
+}
+
+ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
+		     off_t off, char **disk_out)
+{
+	return read_held(c, n, buf, size, off, disk_out, false);
+}
+
+ssize_t content_read_last(struct cache *c, struct cnode *n, void *buf,
+			  size_t size, off_t off, char **disk_out)
+{
+	return read_held(c, n, buf, size, off, disk_out, true);
 }
 
 ssize_t content_read_disk(const char *path, void *buf, size_t size, off_t off)

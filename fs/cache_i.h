@@ -781,6 +781,12 @@ void content_store(struct cache *c, struct cnode *n, const void *data,
  */
 ssize_t content_read(struct cache *c, struct cnode *n, void *buf, size_t size,
 		     off_t off, char **disk_out);
+/*
+ * content_read() of the bytes n had as of its last known attributes, valid
+ * or not: for a file the sandbox no longer has (c_read's gone_read_or()).
+ */
+ssize_t content_read_last(struct cache *c, struct cnode *n, void *buf,
+			  size_t size, off_t off, char **disk_out);
 /* No lock held: read a spill file; -1 when it is gone. */
 ssize_t content_read_disk(const char *path, void *buf, size_t size, off_t off);
 /* Run queued disk jobs (no lock held); see cache_unlock(). */

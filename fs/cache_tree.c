@@ -486,7 +486,10 @@ struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
 	    k->gone_dir || reused) {
 		tree_orphan(c, k);
 		k->st_valid = false;
-		content_drop(c, k);
+		/* An open file's last bytes are what its descriptors read
+		 * now (c_read's gone_read_or). */
+		if (!tree_file_opens(k, NULL))
+			content_drop(c, k);
 		k = tree_kid_get(dir, name);
 	}
 	tree_set_st(c, k, st);

@@ -243,6 +243,7 @@ struct premote_resp {
 	bool ended;             /* frame stream ended with {"end":true} */
 	bool delivered;         /* at least one frame reached the callback */
 	long long hdr_size;     /* X-Sbx-Size, -1 when absent */
+	uint64_t hdr_ino;       /* X-Sbx-Ino, 0 when absent */
 	long retry_after_s;     /* Retry-After in seconds, -1 when absent */
 };
 

@@ -143,7 +143,7 @@ struct io_args {
 	size_t size;
 	off_t off, len;
 	int flags;  /* write: the open flags; lseek: whence; fallocate: mode */
-	ino_t ino;  /* write: the inode it is for (0: any) */
+	ino_t ino;  /* read, write: the inode it is for (0: any) */
 	ssize_t n;
 };
 
@@ -157,6 +157,11 @@ static int read_fn(struct pmem *s, const char *path, void *arg)
 		return sbx_error_set(SBX_ERR_REMOTE, -EINVAL,
 				     "read %s: offset < 0", path);
 	rc = pmem_regular_locked(s, path, &in);
+	/* As the agent's client: never another file moved onto it. */
+	if (rc == 0 && a->ino && in->ino != a->ino)
+		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				     "read %s: the path names another file now",
+				     path);
 	if (rc == 0 && (size_t)a->off < in->size) {
 		a->n = (ssize_t)(in->size - (size_t)a->off < a->size
 					 ? in->size - (size_t)a->off
@@ -169,7 +174,8 @@ static int read_fn(struct pmem *s, const char *path, void *arg)
 ssize_t pmem_op_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		     size_t size, off_t off)
 {
-	struct io_args a = { .buf = buf, .size = size, .off = off };
+	struct io_args a = { .buf = buf, .size = size, .off = off,
+			     .ino = PFILE(fh)->expect_ino };
 	int rc = pmem_path_op(PMEM(sb), OP_READ, PFILE(fh)->path, read_fn, &a);
 
 	return rc < 0 ? rc : a.n;

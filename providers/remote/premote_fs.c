@@ -708,7 +708,8 @@ static ssize_t r_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		      size_t size, off_t off)
 {
 	struct premote_sandbox *s = RSB(sb);
-	char *path = premote_npath(s, (struct sbx_node *)RFILE(fh)->node);
+	struct premote_node *node = RFILE(fh)->node;
+	char *path = premote_npath(s, (struct sbx_node *)node);
 	struct premote_req r = {
 		.method = "GET", .route = "/v1/fs/read", .idempotent = true,
 		.cancel_fd = -1, .out = buf, .out_cap = size,
@@ -730,6 +731,17 @@ static ssize_t r_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 	r.query = sbx_buf_ptr(&q);
 	premote_resp_init(&resp);
 	rc = premote_http_do(s->http, &r, &resp);
+	/*
+	 * A node for one file (node_at_ino) reads only that file, as its
+	 * writes write only it: the path may name another one now (replaced
+	 * in the sandbox, its event on its way), whose bytes would be taken
+	 * for this file's.  Agents before X-Sbx-Ino send none: unchecked.
+	 */
+	if (rc == 0 && node->expect_ino && resp.hdr_ino &&
+	    resp.hdr_ino != node->expect_ino)
+		rc = sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				   "read %s: the path names another file now",
+				   path);
 	premote_resp_fini(&resp);
 	sbx_buf_fini(&q);
 	free(path);

@@ -312,6 +312,7 @@ static void resp_reset(struct premote_resp *r)
 	r->ended = false;
 	r->delivered = false;
 	r->hdr_size = -1;
+	r->hdr_ino = 0;
 	r->retry_after_s = -1;
 }
 
@@ -320,6 +321,7 @@ void premote_resp_init(struct premote_resp *r)
 	memset(r, 0, sizeof(*r));
 	sbx_buf_init(&r->body, PREMOTE_MAX_JSON_ANSWER);
 	r->hdr_size = -1;
+	r->hdr_ino = 0;
 	r->retry_after_s = -1;
 }
 
@@ -339,6 +341,7 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 		/* A new response (after 1xx or a redirect): start over. */
 		x->resp->agent = false;
 		x->resp->hdr_size = -1;
+		x->resp->hdr_ino = 0;
 		return n;
 	}
 	if (sbx_http_header_value(buf, n, SBX_HDR_AGENT, &vl))
@@ -350,6 +353,13 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 		memcpy(tmp, v, vl);
 		tmp[vl] = '\0';
 		x->resp->hdr_size = strtoll(tmp, NULL, 10);
+	} else if ((v = sbx_http_header_value(buf, n, SBX_HDR_INO, &vl)) &&
+		   vl < 21) {
+		char tmp[24];
+
+		memcpy(tmp, v, vl);
+		tmp[vl] = '\0';
+		x->resp->hdr_ino = strtoull(tmp, NULL, 10);
 	} else if ((v = sbx_http_header_value(buf, n, "Retry-After", &vl)) &&
 		   vl < 12 && isdigit((unsigned char)*v)) {
 		char tmp[16];

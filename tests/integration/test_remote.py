@@ -781,6 +781,49 @@ def test_files_exchanged_in_the_sandbox_keep_their_descriptors(sandbox):
     assert (root / "left").read_bytes() == b"RIGHT!?"
 
 
+def test_descriptors_of_files_replaced_or_removed_in_the_sandbox(sandbox):
+    """Descriptors open through the mount on files that the sandbox then
+    replaces (an editor's save: a file the mount never looked up renamed
+    over the name) or removes: they read the bytes their file had when
+    the mount holds them, as a local disk would, and never the new file's.
+    Before, reads went by the path and read the new file, or said ESTALE
+    (`cat` of a file saved in the sandbox at that moment, 1 run in 5).
+    Each descriptor's pages are dropped first, so that its read reaches
+    the daemon and not the kernel's cache."""
+    m, root = sandbox.mnt, sandbox.worktree
+    big = os.urandom(3 << 20)   # past what the mount caches whole
+    (root / "saved").write_bytes(b"old bytes")
+    (root / "removed").write_bytes(b"removed bytes")
+    (root / "big.bin").write_bytes(big)
+    poll(lambda: read(m / "removed"), b"removed bytes", VISIBLE_WITHIN)
+    assert read(m / "saved") == b"old bytes"
+    fds = {name: os.open(m / name, os.O_RDONLY)
+           for name in ("saved", "removed", "big.bin")}
+    try:
+        assert os.pread(fds["big.bin"], 4096, 0) == big[:4096]
+        (root / "saved.tmp").write_bytes(b"NEW")
+        os.rename(root / "saved.tmp", root / "saved")
+        (root / "big.tmp").write_bytes(b"B" * (1 << 20))
+        os.rename(root / "big.tmp", root / "big.bin")
+        os.unlink(root / "removed")
+        poll(lambda: read(m / "saved"), b"NEW", VISIBLE_WITHIN)
+        poll(lambda: (m / "removed").exists(), False, VISIBLE_WITHIN)
+        for fd in fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert os.pread(fds["saved"], 100, 0) == b"old bytes", \
+            diagnostics(sandbox)
+        assert os.pread(fds["saved"], 100, 4) == b"bytes"
+        assert os.pread(fds["removed"], 100, 0) == b"removed bytes"
+        # Not held whole: the sandbox has no such file any more.
+        with pytest.raises(OSError) as err:
+            os.pread(fds["big.bin"], 4096, 1 << 20)
+        assert err.value.errno in (errno.ESTALE, errno.ENOENT)
+        assert read(m / "big.bin") == b"B" * (1 << 20)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 def test_write_past_the_largest_file_fails_at_fsync_not_stat(sandbox):
     """A write past the largest file the sandbox's file system allows
     (ext4: 16 TiB) is accepted here -- writes are sent at close or fsync --

@@ -2594,6 +2594,54 @@ static void test_fstat_of_a_file_replaced_in_the_sandbox(void **state)
 }
 
 /*
+ * A descriptor of a file then replaced (an editor's save) or removed in
+ * the sandbox reads the bytes the file had, as on a local disk, when the
+ * cache holds them; the name reads the new file.  (Said ESTALE before:
+ * `cat` of a file saved in the sandbox as its event came failed.)
+ */
+static void test_read_of_a_file_gone_from_the_sandbox(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n, *m, *k;
+	struct sbx_file *fh, *fh2, *fh3;
+	struct stat st;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "old bytes", 9), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "r", "removed", 7), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	m = tc_walk_path(e->cache, "r", false, &st);
+	assert_int_equal(tc_open(e, n, O_RDONLY, &fh), 0);
+	assert_int_equal(tc_open(e, m, O_RDONLY, &fh2), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, 3, 0), 3);
+	assert_int_equal(pmem_ext_write(e->mem, "f.tmp", "new", 3), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "f.tmp", "f", 0), 0);
+	assert_int_equal(pmem_ext_unlink(e->mem, "r"), 0);
+	tc_settle(e);
+	/* The name looked up again: a new node takes it. */
+	k = tc_walk_path(e->cache, "f", false, &st);
+	assert_ptr_not_equal(k, n);
+	assert_int_equal(tc_open(e, k, O_RDONLY, &fh3), 0);
+	assert_int_equal(e->ops->read(e->cache, fh3, buf, sizeof(buf), 0), 3);
+	assert_memory_equal(buf, "new", 3);
+	assert_int_equal(tc_close(e, fh3), 0);
+	e->ops->forget(e->cache, k);
+	memset(buf, 0, sizeof(buf));
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 9);
+	assert_memory_equal(buf, "old bytes", 9);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 4), 5);
+	assert_memory_equal(buf, "bytes", 5);
+	assert_int_equal(e->ops->read(e->cache, fh2, buf, sizeof(buf), 0), 7);
+	assert_memory_equal(buf, "removed", 7);
+	assert_int_equal(tc_close(e, fh), 0);
+	assert_int_equal(tc_close(e, fh2), 0);
+	assert_true(tc_holds(e, "f", "new", 3));
+	e->ops->forget(e->cache, n);
+	e->ops->forget(e->cache, m);
+}
+
+/*
  * A rename followed from the sandbox leaves its old name unknown, not
  * absent: the sandbox is ahead of its events, and the other half of an
  * exchange may have filled it already (directories exchanged in the
@@ -3831,6 +3879,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_fstat_of_a_file_replaced_in_the_sandbox, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_read_of_a_file_gone_from_the_sandbox, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_lookup_answered_before_a_followed_rename, setup,
