@@ -455,8 +455,7 @@ static bool other_object(struct cache *c, struct cnode *n,
 	bool other;
 
 	cache_lock(c);
-	other = n != &c->root && n->st.st_ino && st->st_ino &&
-		n->st.st_ino != st->st_ino;
+	other = tree_other_object(c, n, st->st_ino);
 	cache_unlock(c);
 	return other;
 }
@@ -911,10 +910,25 @@ static bool read_whole(const struct cnode *n)
  * `fsize` bytes, kept if c->events is still `gen`) or the range.  No
  * lock held.
  */
-static ssize_t read_through(struct cache *c, struct cfile *f, void *buf,
-			    size_t size, off_t off, bool whole, off_t fsize,
-			    unsigned long gen)
+struct read_args {
+	struct cache *c;
+	struct cfile *f;
+	void *buf;
+	size_t size;
+	off_t off;
+	bool whole;
+	off_t fsize;
+	unsigned long gen;
+};
+
+static ssize_t read_through(void *arg)
 {
+	struct read_args *a = arg;
+	struct cache *c = a->c;
+	struct cfile *f = a->f;
+	void *buf = a->buf;
+	size_t size = a->size;
+	off_t off = a->off, fsize = a->fsize;
 	struct cnode *n = f->node;
 	struct cache_io io;
 	ssize_t got;
@@ -923,7 +937,7 @@ static ssize_t read_through(struct cache *c, struct cfile *f, void *buf,
 	rc = wb_io_begin(c, f, &io);
 	if (rc < 0)
 		return rc;
-	if (whole) {
+	if (a->whole) {
 		/* Small file: fetch it whole once, serve from memory. */
 		size_t cap = (size_t)fsize;
 		char *all = sbx_xmalloc(cap ? cap : 1);
@@ -934,7 +948,7 @@ static ssize_t read_through(struct cache *c, struct cfile *f, void *buf,
 			cache_lock(c);
 			/* Only if nothing changed the file meanwhile. */
 			if (n->st_valid && n->st.st_size == fsize &&
-			    !tree_file_dirty(n) && gen == c->events) {
+			    !tree_file_dirty(n) && a->gen == c->events) {
 				struct stat cur = n->st;
 
 				content_store(c, n, all, cap, &cur);
@@ -999,11 +1013,11 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
 	struct cnode *n = f->node;
+	struct read_args a = { .c = c, .f = f, .buf = buf, .size = size,
+			       .off = off };
 	char *disk = NULL;
 	ssize_t got;
 	bool whole;
-	off_t fsize;
-	unsigned long gen;
 	int rc;
 
 	reactivate(c, f);
@@ -1024,8 +1038,9 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 		got = content_read(c, n, buf, size, off, &disk);
 		whole = got < 0 && !disk && read_whole(n);
 	}
-	fsize = n->st.st_size;
-	gen = c->events;
+	a.whole = whole;
+	a.fsize = n->st.st_size;
+	a.gen = c->events;
 	cache_unlock(c);
 	if (got >= 0)
 		return got;
@@ -1036,19 +1051,9 @@ static ssize_t c_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 			return got;
 	}
 	/* A rename through the mount or in the sandbox may move the file
-	 * while the read is out: read again where it went (wb_io_again). */
-	for (int moved = 0;; moved++) {
-		unsigned long moves;
-		char *before = wb_path_now(c, n, &moves);
-
-		got = read_through(c, f, buf, size, off, whole, fsize, gen);
-		if (got >= 0) {
-			free(before);
-			return got;
-		}
-		if (!wb_io_again(c, n, before, moves, (int)got, moved))
-			return gone_read_or(c, n, buf, size, off, got);
-	}
+	 * while the read is out: read again where it went. */
+	got = wb_io_retry(c, n, read_through, &a);
+	return got < 0 ? gone_read_or(c, n, buf, size, off, got) : got;
 }
 
 static ssize_t c_write(struct sbx_sandbox *sb, struct sbx_file *fh,
@@ -1094,11 +1099,30 @@ static int c_flush(struct sbx_sandbox *sb, struct sbx_file *fh)
 	return rc < 0 ? rc : wb_held_error(c, f);
 }
 
+struct fsync_args {
+	struct cache *c;
+	struct cfile *f;
+	bool datasync;
+};
+
+static ssize_t fsync_try(void *arg)
+{
+	struct fsync_args *a = arg;
+	struct cache_io io;
+	int rc = wb_io_begin(a->c, a->f, &io);
+
+	if (rc == 0) {
+		rc = a->c->inner->ops->fsync(a->c->inner, io.fh, a->datasync);
+		wb_io_end(a->c, &io);
+	}
+	return rc;
+}
+
 static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 {
 	struct cache *c = CACHE(sb);
 	struct cfile *f = CFILE(fh);
-	struct cache_io io;
+	struct fsync_args a = { c, f, datasync };
 	/* The buffered bytes and the fsync in one exchange when they fit. */
 	struct sbx_write_then then = { .kind = SBX_THEN_FSYNC,
 				       .datasync = datasync };
@@ -1109,19 +1133,8 @@ static int c_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
 		return rc < 0 ? rc : wb_held_error(c, f);
 	/* msync write-back may have come through another open file. */
 	rc = wb_push_node(c, f->node);
-	for (int tries = 0; rc == 0; tries++) {
-		unsigned long moves;
-		char *before = wb_path_now(c, f->node, &moves);
-
-		rc = wb_io_begin(c, f, &io);
-		if (rc == 0) {
-			rc = c->inner->ops->fsync(c->inner, io.fh, datasync);
-			wb_io_end(c, &io);
-		}
-		if (!wb_io_again(c, f->node, before, moves, rc, tries))
-			break;
-		rc = 0;
-	}
+	if (rc == 0)
+		rc = (int)wb_io_retry(c, f->node, fsync_try, &a);
 	return rc < 0 ? rc : wb_held_error(c, f);
 }
 

@@ -673,6 +673,15 @@ struct cnode *tree_name_of(struct cnode *n);
 /* The path of tree_name_of(n), malloc'd; NULL when it has none. */
 char *tree_path_of(const struct cnode *n);
 char *tree_child_path(const struct cnode *dir, const char *name);
+/*
+ * Does an answer fetched by n's path, with inode number ino, describe
+ * another object than n's?  The sandbox renamed, exchanged or replaced
+ * it, and the event is on its way ("The path may hold another object",
+ * docs/design.md).  Both numbers known and different; never the root,
+ * which is never renamed.  c->lock held.
+ */
+bool tree_other_object(const struct cache *c, const struct cnode *n,
+		       ino_t ino);
 /* dir/name has attributes st: its node (a new one if the object is
  * another than the node knew), present. */
 struct cnode *tree_name_st(struct cache *c, struct cnode *dir,
@@ -854,6 +863,14 @@ char *wb_path_now(struct cache *c, struct cnode *n, unsigned long *moves);
  */
 bool wb_io_again(struct cache *c, struct cnode *n, char *before,
 		 unsigned long moves, int rc, int tries);
+/*
+ * Run io(arg), an I/O of n by its path, until it succeeds (>= 0) or fails
+ * in a way wb_io_again() does not send again: each try goes where n is
+ * then (wb_path_now), after the change stream said where it went.
+ * Returns io's last result.  No lock held, nor any f->wlock.
+ */
+ssize_t wb_io_retry(struct cache *c, struct cnode *n, ssize_t (*io)(void *),
+		    void *arg);
 /*
  * Push f's buffered bytes and do `then` (fsync, or a setattr of the file)
  * in one exchange (the wrapped sandbox's write_then).  1: pushed and

@@ -60,8 +60,7 @@ static int bulk_item(const struct sbx_bulk_item *it, void *payload)
 	 * came and nothing has looked the name up since: the record is its
 	 * new object's, as a lookup's answer would be (tree_name_st).
 	 */
-	if (n && n != &c->root && n->parent && n->st.st_ino &&
-	    it->st.st_ino && n->st.st_ino != it->st.st_ino) {
+	if (n && n->parent && tree_other_object(c, n, it->st.st_ino)) {
 		if (n->slot == S_PRESENT || n->hidden) {
 			ctx->dropped = true;
 			cache_unlock(c);
@@ -167,7 +166,6 @@ void list_prefetch(struct cache *c, struct cnode *dir)
 struct list_ctx {
 	struct cache *c;
 	struct cnode *dir;
-	ino_t dir_ino;     /* the directory's number as the tree knew it */
 	bool other_dir;    /* "." said the path holds another directory */
 	unsigned long gen; /* c->events when the request went out */
 	unsigned long unhides; /* c->unhides_all then */
@@ -191,10 +189,12 @@ static int list_entry(const char *name, const struct stat *st,
 	 * sandbox renamed or exchanged it, and the event is on its way).
 	 * Its entries are not this node's: nothing of them is recorded.
 	 */
-	if (strcmp(name, ".") == 0 && st->st_ino && l->dir_ino &&
-	    st->st_ino != l->dir_ino) {
-		l->other_dir = true;
-		return 1;
+	if (strcmp(name, ".") == 0) {
+		cache_lock(l->c);
+		l->other_dir = tree_other_object(l->c, l->dir, st->st_ino);
+		cache_unlock(l->c);
+		if (l->other_dir)
+			return 1;
 	}
 	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
 	    tree_is_silly(name))
@@ -261,8 +261,6 @@ static int relist_once(struct cache *c, struct cnode *dir, char **before,
 
 	cache_lock(c);
 	l.unhides = c->unhides_all;
-	/* (The root is never renamed.) */
-	l.dir_ino = dir == &c->root ? 0 : dir->st.st_ino;
 	*moves = c->moves;
 	*before = cache_unlock_path(c, tree_path_of(dir), &l.gen, "directory");
 	if (!*before)

@@ -451,6 +451,12 @@ void tree_refresh_st(struct cache *c, struct cnode *n, const struct stat *st)
 		n->slot = was;
 }
 
+bool tree_other_object(const struct cache *c, const struct cnode *n,
+		       ino_t ino)
+{
+	return n != &c->root && n->st.st_ino && ino && n->st.st_ino != ino;
+}
+
 /*
  * `name` in dir now names the object with attributes st.  When the node
  * knew another object under that name (removed and recreated behind us,

@@ -725,27 +725,49 @@ bool wb_io_again(struct cache *c, struct cnode *n, char *before,
 	return again;
 }
 
+ssize_t wb_io_retry(struct cache *c, struct cnode *n, ssize_t (*io)(void *),
+		    void *arg)
+{
+	for (int tries = 0;; tries++) {
+		unsigned long moves;
+		char *before = wb_path_now(c, n, &moves);
+		ssize_t rc = io(arg);
+
+		if (!wb_io_again(c, n, before, moves, rc < 0 ? (int)rc : 0,
+				 tries))
+			return rc;
+	}
+}
+
+struct then_args {
+	struct cache *c;
+	struct cfile *f;
+	const struct sbx_write_then *then;
+	struct stat *st;
+	bool *pushed;
+};
+
+static ssize_t then_try(void *arg)
+{
+	struct then_args *a = arg;
+	int rc = 0;
+
+	*a->pushed = false;
+	pthread_mutex_lock(&a->f->wlock);
+	/* A held setattr goes first, with the bytes: the caller pushes. */
+	if (!a->f->pset_valid)
+		rc = then_locked(a->c, a->f, a->then, a->st, a->pushed);
+	pthread_mutex_unlock(&a->f->wlock);
+	return rc;
+}
+
 int wb_push_then(struct cache *c, struct cfile *f,
 		 const struct sbx_write_then *then, struct stat *st,
 		 bool *pushed)
 {
-	int rc = 0;
+	struct then_args a = { c, f, then, st, pushed };
 
-	for (int tries = 0;; tries++) {
-		unsigned long moves;
-		char *before = wb_path_now(c, f->node, &moves);
-
-		*pushed = false;
-		rc = 0;
-		pthread_mutex_lock(&f->wlock);
-		/* A held setattr goes first, with the bytes: the caller
-		 * pushes. */
-		if (!f->pset_valid)
-			rc = then_locked(c, f, then, st, pushed);
-		pthread_mutex_unlock(&f->wlock);
-		if (!wb_io_again(c, f->node, before, moves, rc, tries))
-			return rc;
-	}
+	return (int)wb_io_retry(c, f->node, then_try, &a);
 }
 
 int wb_push_node_then(struct cache *c, struct cnode *n,
@@ -770,19 +792,27 @@ int wb_push_node_then(struct cache *c, struct cnode *n,
 	return rc;
 }
 
+struct push_args {
+	struct cache *c;
+	struct cfile *f;
+};
+
+static ssize_t push_try(void *arg)
+{
+	struct push_args *a = arg;
+	int rc;
+
+	pthread_mutex_lock(&a->f->wlock);
+	rc = push_locked(a->c, a->f);
+	pthread_mutex_unlock(&a->f->wlock);
+	return rc;
+}
+
 int wb_push(struct cache *c, struct cfile *f)
 {
-	for (int tries = 0;; tries++) {
-		unsigned long moves;
-		char *before = wb_path_now(c, f->node, &moves);
-		int rc;
+	struct push_args a = { c, f };
 
-		pthread_mutex_lock(&f->wlock);
-		rc = push_locked(c, f);
-		pthread_mutex_unlock(&f->wlock);
-		if (!wb_io_again(c, f->node, before, moves, rc, tries))
-			return rc;
-	}
+	return (int)wb_io_retry(c, f->node, push_try, &a);
 }
 
 /* Which dirty files to take; all of them when every field is 0. */
