@@ -794,6 +794,21 @@ static int c_open(struct sbx_sandbox *sb, struct sbx_node *node, int flags,
 		if (rc < 0)
 			return cache_stale_or(c, n, rc);
 		cache_lock(c);
+		if (tree_other_object(c, n, st.st_ino)) {
+			/*
+			 * The path holds another file than n's (the sandbox
+			 * moved n's away and put another there, the events
+			 * on their way): the kernel looks the path up again
+			 * and opens that one.  Taken as n's (before
+			 * 2026-12-08), n became that file, and so did its
+			 * descriptors: a file's descriptor read another
+			 * file's bytes (stress agent, exchange chains).
+			 */
+			cache_unlock(c);
+			sbx_error_set(SBX_ERR_REMOTE, -ENOENT,
+				      "open: the path names another file now");
+			return cache_stale_or(c, n, -ENOENT);
+		}
 		same = n->st_valid && n->st.st_ino == st.st_ino &&
 		       n->st.st_size == st.st_size &&
 		       n->st.st_mtim.tv_sec == st.st_mtim.tv_sec &&

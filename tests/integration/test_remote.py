@@ -752,6 +752,91 @@ def test_directories_exchanged_again_and_again_while_listed(sandbox):
         (b"one" if want["one"] == ["f1"] else b"two")
 
 
+def _files_under(top):
+    """{relative path: bytes} of the regular files below top."""
+    out = {}
+    for dp, _, fn in os.walk(top):
+        for f in fn:
+            p = os.path.join(dp, f)
+            out[os.path.relpath(p, top)] = read(p)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_descriptors_across_chains_of_exchanges_and_renames(sandbox, seed):
+    """Four files swapped (RENAME_EXCHANGE) and renamed between two
+    directories in the sandbox, 8 times a round, while threads list, stat
+    and read them through the mount; descriptors opened before each round
+    read their own file's bytes after it, and the mount shows what the
+    sandbox has. Lookups between an exchange's two events see the
+    sandbox ahead of them: an open that found another file at its path
+    took it for its own (the descriptor then read that file's bytes), and
+    a descriptor whose file lost its path said ESTALE (a stress agent:
+    9 runs in 9 before)."""
+    import random
+    m, root = sandbox.mnt, sandbox.worktree
+    s = root / "fx"
+    (s / "sub").mkdir(parents=True)
+    (s / "sub" / "z").write_bytes(b"z")
+    for i, n in enumerate("abcd"):
+        (s / n).write_bytes(f"content of {n}\n".encode() * (i + 1))
+    poll(lambda: _files_under(m / "fx"), _files_under(s), VISIBLE_WITHIN)
+    rng = random.Random(seed)
+    stop = threading.Event()
+
+    def lister():
+        while not stop.is_set():
+            for d in (m / "fx", m / "fx" / "sub"):
+                try:
+                    for e in os.scandir(d):
+                        e.stat(follow_symlinks=False)
+                        if e.is_file(follow_symlinks=False):
+                            read(e.path)
+                except OSError:
+                    pass
+
+    threads = [threading.Thread(target=lister) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for rnd in range(30):
+            files = {p: p.read_bytes() for p in
+                     list(s.iterdir()) + list((s / "sub").iterdir())
+                     if p.is_file() and p.name != "z"}
+            fds = {os.open(m / "fx" / p.relative_to(s), os.O_RDONLY): c
+                   for p, c in files.items()}
+            paths, ops = list(files), []
+            for _ in range(8):
+                x, y = rng.sample(paths, 2)
+                moved = (s / "sub" if x.parent == s else s) / x.name
+                if rng.random() < 0.5 or moved.exists():
+                    _exchange(x, y)
+                    ops.append(f"exchange {x.relative_to(s)} "
+                               f"{y.relative_to(s)}")
+                else:
+                    os.rename(x, moved)
+                    ops.append(f"rename {x.relative_to(s)} "
+                               f"{moved.relative_to(s)}")
+                    paths[paths.index(x)] = moved
+            poll(lambda: _files_under(m / "fx"), _files_under(s),
+                 VISIBLE_WITHIN)
+            bad = []
+            for fd, want in fds.items():
+                try:
+                    got = os.pread(fd, 1000, 0)
+                except OSError as e:
+                    got = f"OSError {errno.errorcode.get(e.errno)}"
+                os.close(fd)
+                if got != want:
+                    bad.append(f"got {got!r:.30}, want {want!r:.30}")
+            assert not bad, (f"round {rnd}: {'; '.join(bad)}\nops: "
+                             f"{'; '.join(ops)}\n{diagnostics(sandbox)}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def test_files_exchanged_in_the_sandbox_keep_their_descriptors(sandbox):
     """Two files open through the mount, swapped with RENAME_EXCHANGE in
     the sandbox: each descriptor goes on reading and writing its own file

@@ -2642,6 +2642,51 @@ static void test_read_of_a_file_gone_from_the_sandbox(void **state)
 }
 
 /*
+ * An open that looks at the file again (its name unknown since a rename
+ * in the sandbox was followed) and finds another file at the path: ESTALE,
+ * so that the kernel looks the path up again, not the node turned into
+ * the other file (its descriptors then read that file's bytes: stress
+ * agent, chains of exchanges and renames).
+ */
+static void test_open_by_a_path_another_file_took(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n, *k;
+	struct sbx_file *fh;
+	struct stat st;
+	ino_t mine;
+	char buf[16];
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "mine", 4), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	mine = st.st_ino;
+	assert_int_equal(pmem_ext_rename(e->mem, "f", "g", 0), 0);
+	tc_settle(e);
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_write(e->mem, "h", "theirs", 6), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "g", "f2", 0), 0);
+	assert_int_equal(pmem_ext_rename(e->mem, "h", "g", 0), 0);
+	assert_int_equal(tc_open(e, n, O_RDONLY, &fh), -ESTALE);
+	sbx_error_clear();
+	/* Never the other file's attributes either. */
+	if (e->ops->getattr(e->cache, n, NULL, &st) == 0)
+		assert_int_equal(st.st_ino, mine);
+	sbx_error_clear();
+	pmem_watch_hold(e->mem, false);
+	tc_settle(e);
+	k = tc_walk_path(e->cache, "g", false, &st);
+	assert_ptr_not_equal(k, n);
+	assert_int_not_equal(st.st_ino, mine);
+	assert_int_equal(tc_open(e, k, O_RDONLY, &fh), 0);
+	assert_int_equal(e->ops->read(e->cache, fh, buf, sizeof(buf), 0), 6);
+	assert_memory_equal(buf, "theirs", 6);
+	assert_int_equal(tc_close(e, fh), 0);
+	e->ops->forget(e->cache, k);
+	e->ops->forget(e->cache, n);
+}
+
+/*
  * A rename followed from the sandbox leaves its old name unknown, not
  * absent: the sandbox is ahead of its events, and the other half of an
  * exchange may have filled it already (directories exchanged in the
@@ -3883,6 +3928,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_read_of_a_file_gone_from_the_sandbox, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_open_by_a_path_another_file_took, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_lookup_answered_before_a_followed_rename, setup,
 			teardown),
