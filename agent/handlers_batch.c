@@ -219,7 +219,14 @@ static int op_setattr(struct exec_ctx *x, const struct sbx_batch_op *op,
 	rc = obj_open(x->dfd, x->name, &o, p);
 	if (rc < 0)
 		return rc;
-	if (op->has_mode) {
+	/* Meant for one file (as a write with `ino`): the object is held
+	 * open, so the check and the changes are about the same one. */
+	if (op->ino && (uint64_t)o.st.st_ino != op->ino)
+		rc = sbx_error_set(SBX_ERR_OS, -ESTALE,
+				   "setattr %s: the path names another file "
+				   "now",
+				   p);
+	if (rc == 0 && op->has_mode) {
 		if (S_ISLNK(o.st.st_mode))
 			rc = sbx_error_set(SBX_ERR_OS, -EOPNOTSUPP,
 					   "chmod %s: a symlink", p);

@@ -636,6 +636,44 @@ static bool touch_deferred(struct cache *c, struct cnode *n, int valid,
 	return true;
 }
 
+struct setattr_args {
+	struct cache *c;
+	struct cnode *n;
+	const struct stat *in;
+	int valid;
+	struct stat *out;
+};
+
+/*
+ * A setattr of n by its path, for n's file only (node_at_ino, as writes):
+ * the path may name another file now (the sandbox replaced it, the event
+ * on its way), which must not get n's chmod or truncate (ESTALE instead).
+ */
+static ssize_t setattr_try(void *arg)
+{
+	struct setattr_args *a = arg;
+	struct cache *c = a->c;
+	struct sbx_node *in;
+	char *path;
+	ino_t ino;
+	int rc;
+
+	cache_lock(c);
+	ino = a->n->st.st_ino;
+	cache_unlock(c);
+	path = cache_op_path(c, a->n);
+	if (!path)
+		return -ESTALE;
+	rc = cache_inner_node_ino(c, path, ino, &in);
+	free(path);
+	if (rc < 0)
+		return rc;
+	rc = c->inner->ops->setattr(c->inner, in, NULL, a->in, a->valid,
+				    a->out);
+	c->inner->ops->forget(c->inner, in);
+	return rc;
+}
+
 static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, const struct stat *in, int valid,
 		     struct stat *out)
@@ -644,7 +682,6 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct cnode *n = CNODE(node);
 	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR, .in = in,
 				       .valid = valid };
-	struct sbx_node *inode;
 	unsigned long unhides_all;
 	bool pushed;
 	int rc;
@@ -662,13 +699,12 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	if (rc < 0 && !pushed)
 		return rc; /* as a failed push below */
 	if (rc == 0) {
+		struct setattr_args a = { c, n, in, valid, out };
+
 		rc = wb_push_node(c, n);
 		if (rc < 0)
 			return rc;
-		rc = (int)ON_INNER(c, n, inode,
-				   c->inner->ops->setattr(c->inner, inode,
-							  NULL, in, valid,
-							  out));
+		rc = (int)wb_io_retry(c, n, setattr_try, &a);
 	} else if (rc > 0) {
 		rc = 0;
 	}
@@ -676,6 +712,11 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		cache_lock(c);
 		tree_invalidate_file(n);
 		cache_unlock(c);
+		/* ESTALE: the path names another file, and the stream said
+		 * nothing of n moving: look it up again, as for a removal
+		 * (still ESTALE for a node with no name left). */
+		if (rc == -ESTALE && cache_stale_or(c, n, -ENOENT) == -ENOENT)
+			return -ESTALE;
 		return cache_stale_or(c, n, rc);
 	}
 	cache_lock(c);

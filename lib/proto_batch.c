@@ -370,8 +370,10 @@ void sbx_batch_op_decode(struct sbx_batch_op *op, const cJSON *o, size_t index)
 		if (p_time(&c, o, "atime", &op->atime_set, &op->atime_s,
 			   &op->atime_ns) < 0)
 			return;
-		p_time(&c, o, "mtime", &op->mtime_set, &op->mtime_s,
-		       &op->mtime_ns);
+		if (p_time(&c, o, "mtime", &op->mtime_set, &op->mtime_s,
+			   &op->mtime_ns) < 0)
+			return;
+		p_ino(&c, o, "ino", &op->ino);
 		break;
 	case SBX_BATCH_WRITE:
 		if (p_int(&c, o, "offset", false, 0, (long long)1 << 53,
@@ -540,6 +542,20 @@ static void put_owner(cJSON *o, const struct sbx_batch_op *op)
 		put_num(o, "gid", op->gid);
 }
 
+/* An inode number the path must still name, as a decimal string; none
+ * for 0. */
+static void put_ino(cJSON *o, uint64_t ino)
+{
+	cJSON *v;
+
+	if (!ino)
+		return;
+	v = sbx_proto_u64_to_json(ino);
+	if (!v)
+		abort();
+	cJSON_AddItemToObject(o, "ino", v);
+}
+
 static void put_time(cJSON *o, const char *key, int set, long long s,
 		     long long ns)
 {
@@ -630,18 +646,13 @@ cJSON *sbx_batch_op_encode(const struct sbx_batch_op *op)
 			put_num(o, "size", (double)op->size);
 		put_time(o, "atime", op->atime_set, op->atime_s, op->atime_ns);
 		put_time(o, "mtime", op->mtime_set, op->mtime_s, op->mtime_ns);
+		put_ino(o, op->ino);
 		break;
 	case SBX_BATCH_WRITE:
 		put_num(o, "offset", (double)op->offset);
 		if (op->append)
 			put_bool(o, "append", true);
-		if (op->ino) {
-			cJSON *ino = sbx_proto_u64_to_json(op->ino);
-
-			if (!ino)
-				abort();
-			cJSON_AddItemToObject(o, "ino", ino);
-		}
+		put_ino(o, op->ino);
 		put_b64(o, "data", op->data, op->data_len);
 		break;
 	case SBX_BATCH_READ:

@@ -89,7 +89,8 @@ struct sbx_batch_op {
 	int atime_set, mtime_set; /* enum sbx_batch_time */
 	long long atime_s, atime_ns, mtime_s, mtime_ns;
 	bool excl, truncate, append, datasync;
-	/* write: the inode number the path must still name (0: any). */
+	/* write, setattr: the inode number the path must still name (0:
+	 * any); another one answers ESTALE. */
 	uint64_t ino;
 	unsigned flags;      /* rename: RENAME_*; setxattr: XATTR_* */
 	int fmode;           /* fallocate: FALLOC_FL_* */

@@ -91,12 +91,26 @@ struct setattr_args {
 	const struct stat *in;
 	int valid;
 	struct stat *out;
+	ino_t ino; /* node_at_ino(): the file it is for (0: any) */
 };
 
 static int setattr_fn(struct pmem *s, const char *path, void *arg)
 {
 	struct setattr_args *a = arg;
 
+	if (a->ino) {
+		/* As the agent: never another file moved onto it. */
+		struct pinode *in;
+		int rc = pmem_walk_locked(s, path, &in);
+
+		if (rc < 0)
+			return rc;
+		if (in->ino != a->ino)
+			return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+					     "setattr %s: the path names "
+					     "another file now",
+					     path);
+	}
 	return pmem_setattr_locked(s, path, a->in, a->valid, a->out);
 }
 
@@ -104,7 +118,7 @@ static int m_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, const struct stat *in, int valid,
 		     struct stat *out)
 {
-	struct setattr_args a = { in, valid, out };
+	struct setattr_args a = { in, valid, out, PNODE(node)->expect_ino };
 
 	return pmem_path_op(PMEM(sb), OP_SETATTR, PNODE(node)->path,
 			    setattr_fn, &a);

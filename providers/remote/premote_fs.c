@@ -355,12 +355,13 @@ static void op_time(int valid, int now, int set, const struct timespec *ts,
 	}
 }
 
-/* The batch op of setattr(`in`, `valid`) on path (borrowed). */
-static void setattr_op(struct sbx_batch_op *op, char *path,
+/* The batch op of setattr(`in`, `valid`) on path (borrowed), of the file
+ * with inode number ino (0: whatever the path names). */
+static void setattr_op(struct sbx_batch_op *op, char *path, uint64_t ino,
 		       const struct stat *in, int valid)
 {
 	*op = (struct sbx_batch_op){
-		.kind = SBX_BATCH_SETATTR, .path = path,
+		.kind = SBX_BATCH_SETATTR, .path = path, .ino = ino,
 		.has_mode = valid & SBX_SET_MODE, .mode = in->st_mode & 07777,
 		.has_uid = valid & SBX_SET_UID, .uid = in->st_uid,
 		.has_gid = valid & SBX_SET_GID, .gid = in->st_gid,
@@ -381,7 +382,7 @@ static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct sbx_batch_op op;
 	int rc;
 
-	setattr_op(&op, path, in, valid);
+	setattr_op(&op, path, RNODE(node)->expect_ino, in, valid);
 	rc = batch_st(s, &op, path, out);
 	free(path);
 	return rc;
@@ -403,7 +404,8 @@ static int setattr_chunk(struct premote_sandbox *s,
 
 	for (size_t i = 0; i < n; i++) {
 		paths[i] = premote_npath(s, items[i].node);
-		setattr_op(&ops[i], paths[i], items[i].in, items[i].valid);
+		setattr_op(&ops[i], paths[i], RNODE(items[i].node)->expect_ino,
+			   items[i].in, items[i].valid);
 	}
 	req = sbx_batch_encode(ops, n, false);
 	rc = premote_http_json(s->http, "POST", "/v1/fs/batch", NULL, req,
@@ -908,7 +910,8 @@ static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 					.data_len = size, .offset = off,
 					.ino = f->node->expect_ino };
 	if (then->kind == SBX_THEN_SETATTR)
-		setattr_op(&ops[1], path, then->in, then->valid);
+		setattr_op(&ops[1], path, f->node->expect_ino, then->in,
+			   then->valid);
 	else
 		ops[1] = (struct sbx_batch_op){ .kind = SBX_BATCH_FSYNC,
 						.path = path,

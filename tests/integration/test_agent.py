@@ -491,6 +491,18 @@ def test_write_for_an_inode(cl, agent):
                            body=b"Q")
         assert st == 400 and err["errno"] == "EINVAL", (bad, err)
     assert (root / "t").read_bytes() == b"ZSSSXX"
+    # A setattr for an inode: the same rule (a chmod or truncate meant
+    # for the file moved away must not reach the one moved onto it).
+    mode = (root / "t").stat().st_mode & 0o7777
+    res = cl.batch([{"op": "setattr", "path": "t", "mode": 0o600,
+                     "size": 1, "ino": str(ino)},
+                    {"op": "setattr", "path": "t", "mode": 0o640,
+                     "ino": str((root / "t").stat().st_ino)}])
+    assert res[0]["error"]["errno"] == "ESTALE", res
+    assert "another file" in res[0]["error"]["message"]
+    assert res[1]["ok"] is True
+    assert (root / "t").read_bytes() == b"ZSSSXX"
+    assert (root / "t").stat().st_mode & 0o7777 == 0o640 != mode
 
 
 def test_readlink_statfs(cl, agent):

@@ -2687,6 +2687,41 @@ static void test_open_by_a_path_another_file_took(void **state)
 }
 
 /*
+ * A chmod or truncate of a file whose path the sandbox gave to another
+ * file (its events on their way) is for the file, never the other one:
+ * the path's file is not n's (ESTALE), the stream then says where n went,
+ * and the setattr goes there.  (It went by the path unchecked before, and
+ * truncated the other file.)
+ */
+static void test_setattr_by_a_path_another_file_took(void **state)
+{
+	struct tc_env *e = *state;
+	struct sbx_node *n;
+	struct stat st, in;
+
+	assert_int_equal(pmem_ext_write(e->mem, "f", "mine", 4), 0);
+	tc_settle(e);
+	n = tc_walk_path(e->cache, "f", false, &st);
+	pmem_watch_hold(e->mem, true);
+	assert_int_equal(pmem_ext_rename(e->mem, "f", "moved", 0), 0);
+	assert_int_equal(pmem_ext_write(e->mem, "f", "theirs", 6), 0);
+	memset(&in, 0, sizeof(in));
+	in.st_mode = 0600;
+	in.st_size = 1;
+	assert_int_equal(e->ops->setattr(e->cache, n, NULL, &in,
+					 SBX_SET_MODE | SBX_SET_SIZE, &st),
+			 0);
+	assert_true(tc_holds(e, "f", "theirs", 6));
+	assert_int_equal(pmem_ext_stat(e->mem, "f", &st), 0);
+	assert_int_not_equal(st.st_mode & 07777, 0600);
+	assert_true(tc_holds(e, "moved", "m", 1));
+	assert_int_equal(pmem_ext_stat(e->mem, "moved", &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0600);
+	pmem_watch_hold(e->mem, false);
+	e->ops->forget(e->cache, n);
+}
+
+/*
  * A rename followed from the sandbox leaves its old name unknown, not
  * absent: the sandbox is ahead of its events, and the other half of an
  * exchange may have filled it already (directories exchanged in the
@@ -3930,6 +3965,9 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_open_by_a_path_another_file_took, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_setattr_by_a_path_another_file_took, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_lookup_answered_before_a_followed_rename, setup,
 			teardown),

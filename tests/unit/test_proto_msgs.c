@@ -197,6 +197,8 @@ static void test_batch_roundtrip(void **state)
 		  .size = 1LL << 40, .atime_set = SBX_BATCH_TIME_NOW,
 		  .mtime_set = SBX_BATCH_TIME_SET, .mtime_s = -3,
 		  .mtime_ns = 999999999 },
+		{ .kind = SBX_BATCH_SETATTR, .path = "h", .has_mode = true,
+		  .mode = 0600, .ino = 18446744073709551557ull },
 		{ .kind = SBX_BATCH_WRITE, .path = "w", .offset = 7,
 		  .data = bytes, .data_len = sizeof(bytes) },
 		/* An inode number past 2^53 survives (a decimal string). */
