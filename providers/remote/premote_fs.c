@@ -373,6 +373,21 @@ static void setattr_op(struct sbx_batch_op *op, char *path, uint64_t ino,
 		&op->mtime_set, &op->mtime_s, &op->mtime_ns);
 }
 
+/*
+ * The protocol's numbers stop at 2^53 (JSON): a larger size is EFBIG, what
+ * a local disk says past its largest file (the agent refused it as a bad
+ * request, EINVAL, before).
+ */
+static int size_sendable(const struct stat *in, int valid, const char *path)
+{
+	if ((valid & SBX_SET_SIZE) && in->st_size > (off_t)1 << 53)
+		return sbx_error_set(SBX_ERR_OS, -EFBIG,
+				     "truncate %s: %lld bytes is past the "
+				     "largest size the protocol carries (2^53)",
+				     path, (long long)in->st_size);
+	return 0;
+}
+
 static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		     struct sbx_file *fh, const struct stat *in, int valid,
 		     struct stat *out)
@@ -380,7 +395,12 @@ static int r_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct premote_sandbox *s = RSB(sb);
 	char *path = premote_npath(s, node);
 	struct sbx_batch_op op;
-	int rc;
+	int rc = size_sendable(in, valid, path);
+
+	if (rc < 0) {
+		free(path);
+		return rc;
+	}
 
 	setattr_op(&op, path, RNODE(node)->expect_ino, in, valid);
 	rc = batch_st(s, &op, path, out);
@@ -905,6 +925,11 @@ static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 	if (off < 0)
 		return sbx_error_set(SBX_ERR_OS, -EINVAL, "write: offset < 0");
 	path = premote_npath(s, (struct sbx_node *)f->node);
+	if (then->kind == SBX_THEN_SETATTR &&
+	    (rc = size_sendable(then->in, then->valid, path)) < 0) {
+		free(path);
+		return rc;
+	}
 	ops[0] = (struct sbx_batch_op){ .kind = SBX_BATCH_WRITE, .path = path,
 					.data = (unsigned char *)buf,
 					.data_len = size, .offset = off,

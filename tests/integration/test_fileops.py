@@ -151,6 +151,15 @@ def test_truncate_ftruncate(sandbox, plain_dir):
         os.close(fd)
         obs.append(err_of(os.truncate, d / "nothere", 0))
         obs.append(err_of(os.truncate, f, -1))
+        # Past the largest file (ext4: 16 TiB; the agent's protocol
+        # carries sizes up to 2^53): EFBIG, by path and with buffered
+        # bytes (said EINVAL through a remote mount), which stay.
+        obs.append(err_of(os.truncate, f, 1 << 62))
+        fd = os.open(f, os.O_RDWR)
+        os.pwrite(fd, b"kept", 0)
+        obs.append(err_of(os.ftruncate, fd, 1 << 62))
+        os.close(fd)
+        obs.append(f.read_bytes()[:8])
         os.mkdir(d / "dir")
         obs.append(err_of(os.truncate, d / "dir", 0))
         obs.append(lstat_facts(f))
