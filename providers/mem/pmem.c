@@ -97,20 +97,11 @@ struct setattr_args {
 static int setattr_fn(struct pmem *s, const char *path, void *arg)
 {
 	struct setattr_args *a = arg;
+	/* As the agent: never another file moved onto it. */
+	int rc = pmem_check_ino_locked(s, path, a->ino, "setattr");
 
-	if (a->ino) {
-		/* As the agent: never another file moved onto it. */
-		struct pinode *in;
-		int rc = pmem_walk_locked(s, path, &in);
-
-		if (rc < 0)
-			return rc;
-		if (in->ino != a->ino)
-			return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-					     "setattr %s: the path names "
-					     "another file now",
-					     path);
-	}
+	if (rc < 0)
+		return rc;
 	return pmem_setattr_locked(s, path, a->in, a->valid, a->out);
 }
 

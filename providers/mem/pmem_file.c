@@ -156,12 +156,10 @@ static int read_fn(struct pmem *s, const char *path, void *arg)
 	if (a->off < 0)
 		return sbx_error_set(SBX_ERR_REMOTE, -EINVAL,
 				     "read %s: offset < 0", path);
-	rc = pmem_regular_locked(s, path, &in);
 	/* As the agent's client: never another file moved onto it. */
-	if (rc == 0 && a->ino && in->ino != a->ino)
-		return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-				     "read %s: the path names another file now",
-				     path);
+	rc = pmem_check_ino_locked(s, path, a->ino, "read");
+	if (rc == 0)
+		rc = pmem_regular_locked(s, path, &in);
 	if (rc == 0 && (size_t)a->off < in->size) {
 		a->n = (ssize_t)(in->size - (size_t)a->off < a->size
 					 ? in->size - (size_t)a->off
@@ -184,21 +182,11 @@ ssize_t pmem_op_read(struct sbx_sandbox *sb, struct sbx_file *fh, void *buf,
 static int write_fn(struct pmem *s, const char *path, void *arg)
 {
 	struct io_args *a = arg;
+	/* As the agent: never into another file moved onto it. */
+	int rc = pmem_check_ino_locked(s, path, a->ino, "write");
 
-	if (a->ino) {
-		/* As the agent: never into another file moved onto it. */
-		struct pinode *in;
-		int rc = pmem_walk_locked(s, path, &in);
-
-		if (rc < 0)
-			return rc;
-		if (in->ino != a->ino)
-			return sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
-					     "write %s: the path names "
-					     "another file now",
-					     path);
-	}
-
+	if (rc < 0)
+		return rc;
 	a->n = pmem_write_locked(s, path, a->cbuf, a->size, a->off,
 				 a->flags & O_APPEND);
 	return a->n < 0 ? (int)a->n : 0;

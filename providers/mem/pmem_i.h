@@ -237,6 +237,13 @@ void pmem_fill_stat(const struct pmem *s, const struct pinode *in,
  * -ENOENT or -ENOTDIR (an intermediate component is not a directory).
  */
 int pmem_walk_locked(struct pmem *s, const char *path, struct pinode **out);
+/*
+ * An I/O (`what`: "read", "write", "setattr") meant for the file with
+ * inode number ino (0: any): ESTALE when path names another one now, as
+ * the agent answers; else pmem_walk_locked()'s result.
+ */
+int pmem_check_ino_locked(struct pmem *s, const char *path, ino_t ino,
+			  const char *what);
 
 /* pmem_locked_fn: the path exists; *(struct stat *)st (may be NULL) its
  * attributes. */

@@ -173,6 +173,22 @@ static struct pinode *dir_del_locked(struct pmem *s, struct pinode *dir,
  * Walk a clean path (see sbx_proto_path_clean) to its inode.  Returns
  * -ENOENT or -ENOTDIR (an intermediate component is not a directory).
  */
+int pmem_check_ino_locked(struct pmem *s, const char *path, ino_t ino,
+			  const char *what)
+{
+	struct pinode *in;
+	int rc;
+
+	if (!ino)
+		return 0;
+	rc = pmem_walk_locked(s, path, &in);
+	if (rc == 0 && in->ino != ino)
+		rc = sbx_error_set(SBX_ERR_REMOTE, -ESTALE,
+				   "%s %s: the path names another file now",
+				   what, path);
+	return rc;
+}
+
 int pmem_walk_locked(struct pmem *s, const char *path, struct pinode **out)
 {
 	struct pinode *in = s->itab[ROOT_INO];

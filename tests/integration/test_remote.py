@@ -16,6 +16,7 @@ sandbox".  Every test here configures the remote provider with a short
 request timeout (OUTAGE_TIMEOUT) so that outages are bounded quickly.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -709,6 +710,30 @@ def test_directories_exchanged_in_the_sandbox(sandbox):
     assert read(m / "one" / "g2") == b"two"
 
 
+@contextlib.contextmanager
+def _meanwhile(work, threads):
+    """Run work() over and over in `threads` threads while the block runs,
+    its OSErrors ignored (the tree changes under it)."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                work()
+            except OSError:
+                pass
+
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in ts:
+            t.join()
+
+
 def test_directories_exchanged_again_and_again_while_listed(sandbox):
     """Two directories swapped in the sandbox 100 times while other threads
     list both through the mount: after each swap, each name shows the
@@ -722,21 +747,13 @@ def test_directories_exchanged_again_and_again_while_listed(sandbox):
         (root / d).mkdir()
         (root / d / f).write_bytes(d.encode())
     poll(lambda: sorted(os.listdir(m / "two")), ["f2"], VISIBLE_WITHIN)
-    stop = threading.Event()
 
     def lister():
-        while not stop.is_set():
-            for d in ("one", "two"):
-                try:
-                    os.listdir(m / d)
-                    os.stat(m / d)
-                except OSError:
-                    pass
+        for d in ("one", "two"):
+            os.listdir(m / d)
+            os.stat(m / d)
 
-    threads = [threading.Thread(target=lister) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    with _meanwhile(lister, threads=2):
         want = {"one": ["f1"], "two": ["f2"]}
         for _ in range(100):
             _exchange(root / "one", root / "two")
@@ -744,10 +761,6 @@ def test_directories_exchanged_again_and_again_while_listed(sandbox):
             for d in ("one", "two"):
                 poll(lambda: sorted(os.listdir(m / d)), want[d],
                      VISIBLE_WITHIN)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert read(m / "one" / want["one"][0]) == \
         (b"one" if want["one"] == ["f1"] else b"two")
 
@@ -782,23 +795,15 @@ def test_descriptors_across_chains_of_exchanges_and_renames(sandbox, seed):
         (s / n).write_bytes(f"content of {n}\n".encode() * (i + 1))
     poll(lambda: _files_under(m / "fx"), _files_under(s), VISIBLE_WITHIN)
     rng = random.Random(seed)
-    stop = threading.Event()
 
     def lister():
-        while not stop.is_set():
-            for d in (m / "fx", m / "fx" / "sub"):
-                try:
-                    for e in os.scandir(d):
-                        e.stat(follow_symlinks=False)
-                        if e.is_file(follow_symlinks=False):
-                            read(e.path)
-                except OSError:
-                    pass
+        for d in (m / "fx", m / "fx" / "sub"):
+            for e in os.scandir(d):
+                e.stat(follow_symlinks=False)
+                if e.is_file(follow_symlinks=False):
+                    read(e.path)
 
-    threads = [threading.Thread(target=lister) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with _meanwhile(lister, threads=3):
         for rnd in range(30):
             files = {p: p.read_bytes() for p in
                      list(s.iterdir()) + list((s / "sub").iterdir())
@@ -831,10 +836,6 @@ def test_descriptors_across_chains_of_exchanges_and_renames(sandbox, seed):
                     bad.append(f"got {got!r:.30}, want {want!r:.30}")
             assert not bad, (f"round {rnd}: {'; '.join(bad)}\nops: "
                              f"{'; '.join(ops)}\n{diagnostics(sandbox)}")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
 
 
 def test_files_exchanged_in_the_sandbox_keep_their_descriptors(sandbox):
