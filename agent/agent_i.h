@@ -279,10 +279,19 @@ void agent_put_st(struct cJSON *o, const struct stat *st);
  * the path names another object: the client buffered bytes for a file
  * that was since moved away or replaced, and they must not land in
  * whatever took its name.  The object is looked at before the open (an
- * O_PATH open) and after it (fstat); either matching is enough, since
- * opening a lower-layer file of an overlayfs for writing copies it up and
- * may give it a new number.
+ * O_PATH open) and after it (fstat); the descriptor's number must match,
+ * except on overlayfs, where opening a lower-layer file for writing copies
+ * it up and may give it a new number: there the object before the open
+ * matching, with the same size and mtime, is enough.
  */
+/*
+ * Is fd (attributes `after`), opened by a path that named an object with
+ * attributes `before` just earlier, the file with inode number ino?  Its
+ * own number says so, or, on overlayfs only, a copy-up of `before`
+ * (agent_open_ino).
+ */
+bool agent_same_object(int fd, const struct stat *before,
+		       const struct stat *after, uint64_t ino);
 SBX_WUR int agent_open_ino(struct agent *a, const char *path, int flags,
 			   uint64_t ino, int *fd_out);
 /* Write all of data at off (or at the end when `append`). */

@@ -17,10 +17,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/magic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -272,6 +275,29 @@ int agent_write_all(int fd, const void *data, size_t len, long long off,
 	return 0;
 }
 
+/*
+ * Only on overlayfs may the number change under the open: opening a
+ * lower-layer file for writing copies it up, and without xino the copy
+ * has a new number; then the object looked at before the open must be
+ * it, with the same size and modification time, which a copy-up keeps.
+ * Either number matching was enough before 2026-12-08, on every file
+ * system: a file exchanged with ours between the two opens got our bytes
+ * (a stress agent, a storm of exchanges in the sandbox).
+ */
+bool agent_same_object(int fd, const struct stat *before,
+		       const struct stat *after, uint64_t ino)
+{
+	struct statfs fs;
+
+	if ((uint64_t)after->st_ino == ino)
+		return true;
+	return (uint64_t)before->st_ino == ino &&
+	       fstatfs(fd, &fs) == 0 && fs.f_type == OVERLAYFS_SUPER_MAGIC &&
+	       before->st_size == after->st_size &&
+	       before->st_mtim.tv_sec == after->st_mtim.tv_sec &&
+	       before->st_mtim.tv_nsec == after->st_mtim.tv_nsec;
+}
+
 int agent_open_ino(struct agent *a, const char *path, int flags,
 		   uint64_t ino, int *fd_out)
 {
@@ -290,8 +316,7 @@ int agent_open_ino(struct agent *a, const char *path, int flags,
 		rc = agent_open(a, path, flags, 0, &fd);
 	if (rc == 0 && fstat(fd, &after) < 0)
 		rc = sbx_error_os("stat %s", path);
-	if (rc == 0 && (uint64_t)before.st_ino != ino &&
-	    (uint64_t)after.st_ino != ino)
+	if (rc == 0 && !agent_same_object(fd, &before, &after, ino))
 		rc = sbx_error_set(SBX_ERR_OS, -ESTALE,
 				   "write %s: the path names another file "
 				   "now (inode %" PRIu64 ", the write is for "

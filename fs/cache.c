@@ -683,7 +683,7 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 	struct sbx_write_then then = { .kind = SBX_THEN_SETATTR, .in = in,
 				       .valid = valid };
 	unsigned long unhides_all;
-	bool pushed;
+	bool pushed, other;
 	int rc;
 
 	(void)fh;
@@ -720,12 +720,30 @@ static int c_setattr(struct sbx_sandbox *sb, struct sbx_node *node,
 		return cache_stale_or(c, n, rc);
 	}
 	cache_lock(c);
-	tree_refresh_st(c, n, out);
+	other = tree_other_object(c, n, out->st_ino);
+	if (other) {
+		/*
+		 * The answer describes another file than n's (a stat by a
+		 * path the sandbox gave away meanwhile; the change itself
+		 * named n's inode): not n's attributes, which are asked for
+		 * again.  Taken as n's, n became that file, and later
+		 * setattrs passed the inode check for it.
+		 */
+		mode_t type = n->st.st_mode & S_IFMT;
+
+		*out = n->st;
+		if (valid & SBX_SET_MODE)
+			out->st_mode = type | (in->st_mode & 07777);
+		if (valid & SBX_SET_SIZE)
+			out->st_size = in->st_size;
+	} else {
+		tree_refresh_st(c, n, out);
+	}
 	if (valid & SBX_SET_SIZE)
 		content_drop_file(c, n);
 	/* ctime (and a size) changed for every name of the file. */
 	tree_invalidate_file(n);
-	n->st_valid = true;
+	n->st_valid = !other;
 	cache_unlock(c);
 	/* The kernel keeps the answer's link count too. */
 	cache_settle_nlink(sb, n, unhides_all, out);

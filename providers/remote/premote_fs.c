@@ -904,6 +904,24 @@ static int r_fsync(struct sbx_sandbox *sb, struct sbx_file *fh, bool datasync)
  * the stat gives the file's attributes after both (batch writes answer no
  * "st").
  */
+/*
+ * The answer of a write_then batch (write, then, stat) that describes the
+ * file written: the setattr's (the agent's fstat of the object it changed,
+ * after the change) or the write's (of the descriptor it wrote; an fsync
+ * changes no attribute).  The stat goes by the path, which the sandbox
+ * may have given to another file between the ops: taken as the file's
+ * (before 2026-12-08), it made the node that file (a stress agent: under
+ * a storm of exchanges, a descriptor's fchmod reached another file).
+ * Agents that put no `st` in those answers: the stat's.
+ */
+static const cJSON *then_st(const struct sbx_write_then *then,
+			    cJSON *const r[3])
+{
+	const cJSON *own = then->kind == SBX_THEN_SETATTR ? r[1] : r[0];
+
+	return cJSON_GetObjectItemCaseSensitive(own, "st") ? own : r[2];
+}
+
 static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 			const void *buf, size_t size, off_t off,
 			const struct sbx_write_then *then, struct stat *st,
@@ -965,7 +983,7 @@ static int r_write_then(struct sbx_sandbox *sb, struct sbx_file *fh,
 			rc = rcs[1] < 0 ? rcs[1] : rcs[2];
 		}
 		if (rc == 0)
-			rc = premote_get_st(s, r[2], "st", st);
+			rc = premote_get_st(s, then_st(then, r), "st", st);
 	}
 	for (size_t i = 0; i < 3; i++)
 		cJSON_Delete(r[i]);

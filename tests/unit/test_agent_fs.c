@@ -282,6 +282,39 @@ static void put_file(struct fixture *f, const char *rel)
 	fclose(fp);
 }
 
+/*
+ * A write meant for inode I goes through a descriptor of I only: a file
+ * that took the name between the look before the open and the open
+ * (exchanged in the sandbox) is not I, though the look said I.  Either
+ * number matching was accepted before (a stress agent: bytes of one
+ * descriptor landed in another file under a storm of exchanges).
+ */
+static void test_same_object(void **state)
+{
+	struct fixture *f = *state;
+	char a[128], b[128];
+	struct stat before, after;
+	int fd;
+
+	snprintf(a, sizeof(a), "%s/a", f->dir);
+	snprintf(b, sizeof(b), "%s/b", f->dir);
+	fd = open(a, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0 && write(fd, "aa", 2) == 2);
+	close(fd);
+	fd = open(b, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0 && write(fd, "bbbb", 4) == 4);
+	close(fd);
+	assert_int_equal(stat(a, &before), 0);
+	fd = open(b, O_WRONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &after), 0);
+	assert_false(agent_same_object(fd, &before, &after,
+				       (uint64_t)before.st_ino));
+	assert_true(agent_same_object(fd, &before, &after,
+				      (uint64_t)after.st_ino));
+	close(fd);
+}
+
 static void test_bulk(void **state)
 {
 	struct fixture *f = *state;
@@ -330,6 +363,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_errors_and_stop,
 						setup_user, teardown),
+		cmocka_unit_test_setup_teardown(test_same_object,
+						setup_openat2, teardown),
 		cmocka_unit_test_setup_teardown(test_bulk, setup_openat2,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_bulk, setup_user,
