@@ -970,7 +970,13 @@ def test_descriptor_changes_under_a_storm_of_exchanges(sandbox):
                 pass
     finally:
         for fd in fds.values():
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError as e:
+                # Bytes whose file moved away before they were sent are
+                # reported lost here (ESTALE), never written elsewhere.
+                if e.errno not in (errno.ESTALE, errno.ENOENT):
+                    bad.append(f"close: {e}")
     for p in s.iterdir():
         st = p.stat()
         i = next(k for k, v in ino.items() if v == st.st_ino)
