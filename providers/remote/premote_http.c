@@ -331,11 +331,28 @@ void premote_resp_fini(struct premote_resp *r)
 		sbx_buf_fini(&r->body);
 }
 
+/*
+ * The value of header `name` in the header line buf (n bytes) as a string
+ * in tmp, when present and shorter than `max` bytes (a number).
+ */
+static bool header_text(const char *buf, size_t n, const char *name,
+			size_t max, char tmp[24])
+{
+	size_t vl;
+	const char *v = sbx_http_header_value(buf, n, name, &vl);
+
+	if (!v || vl >= max)
+		return false;
+	memcpy(tmp, v, vl);
+	tmp[vl] = '\0';
+	return true;
+}
+
 static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 {
 	struct xfer *x = userp;
 	size_t n = size * nitems, vl;
-	const char *v;
+	char tmp[24];
 
 	if (n >= 5 && !strncmp(buf, "HTTP/", 5)) {
 		/* A new response (after 1xx or a redirect): start over. */
@@ -346,28 +363,13 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userp)
 	}
 	if (sbx_http_header_value(buf, n, SBX_HDR_AGENT, &vl))
 		x->resp->agent = true;
-	else if ((v = sbx_http_header_value(buf, n, SBX_HDR_SIZE, &vl)) &&
-		 vl < 20) {
-		char tmp[24];
-
-		memcpy(tmp, v, vl);
-		tmp[vl] = '\0';
+	else if (header_text(buf, n, SBX_HDR_SIZE, 20, tmp))
 		x->resp->hdr_size = strtoll(tmp, NULL, 10);
-	} else if ((v = sbx_http_header_value(buf, n, SBX_HDR_INO, &vl)) &&
-		   vl < 21) {
-		char tmp[24];
-
-		memcpy(tmp, v, vl);
-		tmp[vl] = '\0';
+	else if (header_text(buf, n, SBX_HDR_INO, 21, tmp))
 		x->resp->hdr_ino = strtoull(tmp, NULL, 10);
-	} else if ((v = sbx_http_header_value(buf, n, "Retry-After", &vl)) &&
-		   vl < 12 && isdigit((unsigned char)*v)) {
-		char tmp[16];
-
-		memcpy(tmp, v, vl);
-		tmp[vl] = '\0';
+	else if (header_text(buf, n, "Retry-After", 12, tmp) &&
+		 isdigit((unsigned char)*tmp))
 		x->resp->retry_after_s = strtol(tmp, NULL, 10);
-	}
 	return n;
 }
 

@@ -748,27 +748,72 @@ static void test_overflow_drops_negative_entries(void **state)
 	assert_int_equal(sbx_hashmap_count(&e->fs.negatives), 0);
 }
 
-struct readdir_call {
+/*
+ * A FUSE call made on a thread of its own (`run`), so that the test can
+ * see whether it returns while the kernel holds the invalidations back
+ * (inval_hold()).
+ */
+struct bg_call {
 	struct env *e;
 	struct fuse_file_info fi;
+	void (*run)(struct bg_call *b);
+	pthread_t t;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	bool done;
 };
 
-static void *readdir_main(void *arg)
-{
-	struct readdir_call *r = arg;
+#define BG_CALL(env, fn)                                                       	{ .e = (env), .run = (fn), .lock = PTHREAD_MUTEX_INITIALIZER,          	  .cond = PTHREAD_COND_INITIALIZER }
 
+static void *bg_main(void *arg)
+{
+	struct bg_call *b = arg;
+
+	b->run(b);
+	pthread_mutex_lock(&b->lock);
+	b->done = true;
+	pthread_cond_broadcast(&b->cond);
+	pthread_mutex_unlock(&b->lock);
+	return NULL;
+}
+
+/* Start b; did it return within 5 s? */
+static bool bg_returns(struct bg_call *b)
+{
+	struct timespec until;
+	bool done;
+
+	assert_int_equal(pthread_create(&b->t, NULL, bg_main, b), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	pthread_mutex_lock(&b->lock);
+	while (!b->done &&
+	       pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
+		;
+	done = b->done;
+	pthread_mutex_unlock(&b->lock);
+	return done;
+}
+
+/* The kernel holds every invalidation back (counted from 0), or lets
+ * them through. */
+static void inval_hold(bool hold)
+{
+	pthread_mutex_lock(&inval_lock);
+	inval_blocked = hold;
+	if (hold)
+		ninval_entry = ninval_inode = 0;
+	else
+		pthread_cond_broadcast(&inval_cond);
+	pthread_mutex_unlock(&inval_lock);
+}
+
+static void readdir_second(struct bg_call *b)
+{
 	/* The listing's second READDIR (its snapshot was taken by the
 	 * first, at offset 0): after ".", "..". */
-	fs_ops.readdirplus(req(r->e), FUSE_ROOT_ID, 64 * sizeof(struct rec), 2,
-			   &r->fi);
-	pthread_mutex_lock(&r->lock);
-	r->done = true;
-	pthread_cond_signal(&r->cond);
-	pthread_mutex_unlock(&r->lock);
-	return NULL;
+	fs_ops.readdirplus(req(b->e), FUSE_ROOT_ID, 64 * sizeof(struct rec),
+			   2, &b->fi);
 }
 
 /*
@@ -782,10 +827,7 @@ static void *readdir_main(void *arg)
 static void test_readdir_replay_does_not_hold_the_worker(void **state)
 {
 	struct env *e = *state;
-	struct readdir_call r = { .e = e, .lock = PTHREAD_MUTEX_INITIALIZER,
-				  .cond = PTHREAD_COND_INITIALIZER };
-	struct timespec until;
-	pthread_t t;
+	struct bg_call r = BG_CALL(e, readdir_second);
 	bool done;
 
 	write_file(e, FUSE_ROOT_ID, "f", "1");
@@ -810,25 +852,11 @@ static void test_readdir_replay_does_not_hold_the_worker(void **state)
 	}
 	/* (Their own notifications, sent by the replay thread too.) */
 	assert_int_equal(fs_notify_drain(&e->fs, 5000), 0);
-	pthread_mutex_lock(&inval_lock);
-	inval_blocked = true;
-	ninval_entry = ninval_inode = 0;
-	pthread_mutex_unlock(&inval_lock);
-	assert_int_equal(pthread_create(&t, NULL, readdir_main, &r), 0);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 5;
-	pthread_mutex_lock(&r.lock);
-	while (!r.done &&
-	       pthread_cond_timedwait(&r.cond, &r.lock, &until) == 0)
-		;
-	done = r.done;
-	pthread_mutex_unlock(&r.lock);
+	inval_hold(true);
+	done = bg_returns(&r);
 	/* The kernel lets the invalidations through. */
-	pthread_mutex_lock(&inval_lock);
-	inval_blocked = false;
-	pthread_cond_broadcast(&inval_cond);
-	pthread_mutex_unlock(&inval_lock);
-	assert_int_equal(pthread_join(t, NULL), 0);
+	inval_hold(false);
+	assert_int_equal(pthread_join(r.t, NULL), 0);
 	assert_true(done);
 	assert_int_equal(e->req.kind, R_BUF);
 	/* ...and the replay runs, after the changes' own notifications
@@ -843,27 +871,14 @@ static void test_readdir_replay_does_not_hold_the_worker(void **state)
 	fs_ops.releasedir(req(e), FUSE_ROOT_ID, &r.fi);
 }
 
-struct change_call {
-	struct env *e;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-};
-
-static void *apply_change_main(void *arg)
+static void apply_change_x(struct bg_call *b)
 {
-	struct change_call *a = arg;
 	struct sbx_change c = { .kind = SBX_CHANGE_ENTRY,
-				.dir_dev = a->e->fs.root.dev,
-				.dir_ino = a->e->fs.root.ino,
+				.dir_dev = b->e->fs.root.dev,
+				.dir_ino = b->e->fs.root.ino,
 				.name = "x" };
 
-	fs_apply_change(&c, &a->e->fs);
-	pthread_mutex_lock(&a->lock);
-	a->done = true;
-	pthread_cond_broadcast(&a->cond);
-	pthread_mutex_unlock(&a->lock);
-	return NULL;
+	fs_apply_change(&c, &b->e->fs);
 }
 
 /*
@@ -878,33 +893,16 @@ static void *apply_change_main(void *arg)
 static void test_change_stream_does_not_wait_for_the_kernel(void **state)
 {
 	struct env *e = *state;
-	struct change_call a = { .e = e, .lock = PTHREAD_MUTEX_INITIALIZER,
-				 .cond = PTHREAD_COND_INITIALIZER };
-	struct timespec until;
-	pthread_t t;
+	struct bg_call a = BG_CALL(e, apply_change_x);
 	bool done;
 
 	assert_int_equal(fs_replay_start(&e->fs), 0);
-	pthread_mutex_lock(&inval_lock);
-	inval_blocked = true;
-	ninval_entry = ninval_inode = 0;
-	pthread_mutex_unlock(&inval_lock);
-	assert_int_equal(pthread_create(&t, NULL, apply_change_main, &a), 0);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 5;
-	pthread_mutex_lock(&a.lock);
-	while (!a.done &&
-	       pthread_cond_timedwait(&a.cond, &a.lock, &until) == 0)
-		;
-	done = a.done;
-	pthread_mutex_unlock(&a.lock);
+	inval_hold(true);
+	done = bg_returns(&a);
 	/* Sent only once the kernel lets it through. */
 	assert_int_equal(fs_notify_drain(&e->fs, 100), -ETIMEDOUT);
-	pthread_mutex_lock(&inval_lock);
-	inval_blocked = false;
-	pthread_cond_broadcast(&inval_cond);
-	pthread_mutex_unlock(&inval_lock);
-	assert_int_equal(pthread_join(t, NULL), 0);
+	inval_hold(false);
+	assert_int_equal(pthread_join(a.t, NULL), 0);
 	assert_true(done);
 	assert_int_equal(fs_notify_drain(&e->fs, 5000), 0);
 	assert_true(entry_invalidated(FUSE_ROOT_ID, "x"));

@@ -394,6 +394,36 @@ static void gate_release(struct gated *g)
 	pthread_mutex_unlock(&g->m);
 }
 
+#define GATED_INIT                                                             \
+	{ .s.lock = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER, \
+	  .c = PTHREAD_COND_INITIALIZER }
+
+/*
+ * Make the NULL-ended relative paths below dir, in order (ending in '/':
+ * a directory, else a file), then watch dir through g's gate.
+ */
+static struct sbx_fswatch *gated_tree(const char *dir, struct gated *g, ...)
+{
+	struct sbx_fswatch *w = NULL;
+	const char *rel;
+	char p[4096];
+	va_list ap;
+
+	va_start(ap, g);
+	while ((rel = va_arg(ap, const char *))) {
+		size_t n = strlen(rel);
+
+		snprintf(p, sizeof(p), "%s/%s", dir, rel);
+		if (n && rel[n - 1] == '/')
+			assert_int_equal(mkdir(p, 0755), 0);
+		else
+			th_write(p, "x");
+	}
+	va_end(ap);
+	assert_int_equal(sbx_fswatch_new(&w, dir, on_move_gated, g), 0);
+	return w;
+}
+
 static void dir_rename(const char *dir, const char *a, const char *b,
 		       unsigned flags)
 {
@@ -415,23 +445,12 @@ static void dir_rename(const char *dir, const char *a, const char *b,
 static void test_exchange_read_after_a_later_rename(void **state)
 {
 	char *dir = th_tmpdir();
-	char p[4096];
-	struct sbx_fswatch *w = NULL;
-	struct gated g = { .s.lock = PTHREAD_MUTEX_INITIALIZER,
-			   .m = PTHREAD_MUTEX_INITIALIZER,
-			   .c = PTHREAD_COND_INITIALIZER };
+	struct gated g = GATED_INIT;
+	struct sbx_fswatch *w;
 
 	(void)state;
 	assert_non_null(dir);
-	snprintf(p, sizeof(p), "%s/d1", dir);
-	assert_int_equal(mkdir(p, 0755), 0);
-	snprintf(p, sizeof(p), "%s/d2", dir);
-	assert_int_equal(mkdir(p, 0755), 0);
-	snprintf(p, sizeof(p), "%s/d1/f", dir);
-	th_write(p, "x");
-	snprintf(p, sizeof(p), "%s/d2/g", dir);
-	th_write(p, "y");
-	assert_int_equal(sbx_fswatch_new(&w, dir, on_move_gated, &g), 0);
+	w = gated_tree(dir, &g, "d1/", "d2/", "d1/f", "d2/g", NULL);
 	gate_hold(&g, dir);
 	dir_rename(dir, "d1", "d2", RENAME_EXCHANGE);
 	dir_rename(dir, "d1", "d3", 0);
@@ -456,21 +475,12 @@ static void test_exchange_read_after_a_later_rename(void **state)
 static void test_rename_over_empty_dir_and_back(void **state)
 {
 	char *dir = th_tmpdir();
-	char p[4096];
-	struct sbx_fswatch *w = NULL;
-	struct gated g = { .s.lock = PTHREAD_MUTEX_INITIALIZER,
-			   .m = PTHREAD_MUTEX_INITIALIZER,
-			   .c = PTHREAD_COND_INITIALIZER };
+	struct gated g = GATED_INIT;
+	struct sbx_fswatch *w;
 
 	(void)state;
 	assert_non_null(dir);
-	snprintf(p, sizeof(p), "%s/a", dir);
-	assert_int_equal(mkdir(p, 0755), 0);
-	snprintf(p, sizeof(p), "%s/b", dir);
-	assert_int_equal(mkdir(p, 0755), 0);
-	snprintf(p, sizeof(p), "%s/a/x", dir);
-	th_write(p, "x");
-	assert_int_equal(sbx_fswatch_new(&w, dir, on_move_gated, &g), 0);
+	w = gated_tree(dir, &g, "a/", "b/", "a/x", NULL);
 	gate_hold(&g, dir);
 	dir_rename(dir, "a", "b", 0);
 	dir_rename(dir, "b", "a", 0);
