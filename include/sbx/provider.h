@@ -614,12 +614,13 @@ struct sbx_sandbox_ops {
 		       struct sbx_node **out);
 	/*
 	 * Optional, with node_at: the same, for the object whose inode
-	 * number is `ino` (nonzero).  Writes through files opened on the
-	 * node (write, write_then) fail with -ESTALE, writing nothing, when
-	 * `path` names another object by then.  The write-back uses it so
-	 * that bytes buffered for one file never land in another file moved
-	 * onto its name behind the mount.  Reads and other calls do not
-	 * check.  NULL: the caller uses node_at (no check).
+	 * number is `ino` (nonzero).  Reads, writes (write, write_then) and
+	 * setattrs through the node or files opened on it fail with -ESTALE,
+	 * reading or changing nothing, when `path` names another object by
+	 * then.  The cache uses it so that bytes buffered for one file never
+	 * land in another file moved onto its name behind the mount, and a
+	 * descriptor never reads or chmods that other file.  Other calls do
+	 * not check.  NULL: the caller uses node_at (no check).
 	 */
 	int (*node_at_ino)(struct sbx_sandbox *sb, const char *path,
 			   uint64_t ino, struct sbx_node **out);
